@@ -1,0 +1,20 @@
+"""normkernels: Numba CPU kernels for ONNX and oneDNN normalization operators.
+
+Importing the package is cheap: Numba and the operators load on first use, and each
+kernel compiles on its first call per (dtype, layout), then comes from the disk cache.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["batch_normalization", "batch_norm_inference"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from normkernels import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'normkernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])

@@ -1,0 +1,106 @@
+"""Pick the loop and the execution path for one normalize-scale-shift.
+
+The spec layer hands over flat C-contiguous tensors in which element ``i`` belongs to
+channel ``(i // S) % C`` (NCX: ``S`` is the spatial size; NXC: ``S = 1``) and
+per-channel ``mean``, ``a``, ``B`` in the compute dtype. Thresholds below were
+measured on this project's 2-core benchmark machine; every path gives identical
+results, so they only move time.
+"""
+
+import functools
+import platform
+
+import numpy as np
+
+from normkernels.kernels import scale_shift as loops
+from normkernels.kernels.storage import storage_view
+
+PATHS = ("serial", "parallel", "streaming")
+
+# A parallel launch costs about 4 us here and a serial call about 0.5 us: below this
+# many elements one thread wins (measured crossover 32K-64K elements).
+SERIAL_MAX_ELEMENTS = 1 << 15
+
+# Streaming stores pay once Y no longer fits in cache: (32,64,112,112) f32 (51 MB of
+# Y) took 5.1 ms streaming against 5.9 ms cached; (4096,1024) f32 (16 MB) took
+# 1.0-1.4 ms streaming against 0.6-0.9 ms cached.
+STREAMING_MIN_BYTES = 32 << 20
+
+# Planes shorter than this go through the periodic loop over parameter tables:
+# (64,2048,7,7) f32 ran at 1.18 ms as planes of 49 and 1.38 ms periodic, while
+# planes of 1 element (2-D input) ran 20x slower than periodic.
+PLANES_MIN_SPATIAL = 32
+
+# Parameter tables cover a whole number of periods of at least this many elements,
+# so the inner loop is long enough to vectorise well even for C = 1 or 3; plus
+# TABLE_PAD entries of wrap-around so a 64-byte vector (up to 32 elements) starting
+# at any phase reads inside the table.
+MIN_TABLE_PERIOD = 256
+TABLE_PAD = 32
+
+
+@functools.cache
+def streaming_supported():
+    """Streaming stores need x86-64 with AVX (the kernels use 32-byte pieces)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    from llvmlite import binding
+
+    features = binding.get_host_cpu_features()
+    return bool(features.get("avx", False))
+
+
+def choose_path(y):
+    """The path for writing ``y`` (a storage array): serial, parallel or streaming."""
+    if y.size <= SERIAL_MAX_ELEMENTS:
+        return "serial"
+    if y.nbytes >= STREAMING_MIN_BYTES and y.flags.aligned and streaming_supported():
+        return "streaming"
+    return "parallel"
+
+
+def parameter_tables(C, S, mean, a, b):
+    """Per-element parameter tables of one period (``P`` elements) plus padding."""
+    period = C * S
+    period *= -(-MIN_TABLE_PERIOD // period)
+    channel = (np.arange(period + TABLE_PAD) // S) % C
+    return period, mean[channel], a[channel], b[channel]
+
+
+def scale_shift(x, y, C, S, mean, a, b, path=None):
+    """``y = (x - mean[c]) * a[c] + b[c]`` with ``c = (i // S) % C`` for flat index ``i``.
+
+    Parameters
+    ----------
+    x, y : ndarray
+        C-contiguous tensors of the same dtype and size, in any of the four float
+        dtypes; ``y`` may be ``x``.
+    C, S : int
+        Channels and the run length of one channel (see the module docstring).
+    mean, a, b : ndarray
+        Length-``C`` parameters in the compute dtype of ``x``.
+    path : {"serial", "parallel", "streaming"}, optional
+        Force an execution path (tests and benchmarks); chosen by size by default.
+    """
+    if not (x.flags.c_contiguous and y.flags.c_contiguous):
+        raise ValueError("scale_shift: x and y must be C-contiguous")
+    xs = storage_view(x.reshape(-1))
+    ys = storage_view(y.reshape(-1))
+    if path is None:
+        path = choose_path(ys)
+    elif path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    elif path == "streaming" and not (streaming_supported() and ys.flags.aligned):
+        path = "parallel"
+    streaming = path == "streaming"
+    if S >= PLANES_MIN_SPATIAL:
+        if path == "serial":
+            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
+        else:
+            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, streaming)
+        return
+    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
+    if path == "serial":
+        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
+    else:
+        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t, streaming)

@@ -1,0 +1,40 @@
+"""oneDNN Graph BatchNormInference-1 (spec layer).
+
+``epsilon`` is required and positive; ``data_format`` is "NXC" (default, channels
+last) or "NCX". T1 (input, output) is f32, f16 or bf16; T2 (gamma, beta, mean,
+variance) is f32 or bf16, and bf16 only when T1 is bf16. Input is at least 2-D
+(N and C).
+"""
+
+from normkernels.ops import common
+from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
+
+OP = "BatchNormInference"
+T1 = (FLOAT32, FLOAT16, BFLOAT16)
+T2 = (FLOAT32, BFLOAT16)
+_PARAMS = ("gamma", "beta", "mean", "variance")
+
+
+def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_format="NXC",
+                         out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.batch_norm_inference`."""
+    common.check_data_format(OP, data_format)
+    X = common.as_array("input", input)
+    params = {n: common.as_array(n, v) for n, v in zip(_PARAMS, (gamma, beta, mean, variance))}
+    common.check_dtype(OP, "input", X, T1)
+    for name, p in params.items():
+        common.check_dtype(OP, name, p, T2)
+    common.check_same_dtype(OP, "T2", params)
+    if params["gamma"].dtype == BFLOAT16 and X.dtype != BFLOAT16:
+        raise TypeError(f"{OP}: T2 (gamma, beta, mean, variance) can be bfloat16 only when "
+                        f"T1 (input) is bfloat16; input is {X.dtype}")
+    if X.ndim < 2:
+        raise ValueError(f"{OP}: input must have at least 2 dimensions (N and C), "
+                         f"got shape {X.shape}")
+    eps = common.check_epsilon(OP, epsilon, positive=True)
+    common.check_channel_params(OP, common.channel_count(X, data_format), params)
+    if out is not None:
+        common.check_out(OP, out, X, params)
+    m, a, b = common.fold_parameters(params["gamma"], params["beta"], params["mean"],
+                                     params["variance"], eps, X.dtype)
+    return common.normalize(X, m, a, b, data_format, out, engine, path)

@@ -1,0 +1,174 @@
+"""Argument checks, layouts and parameter folding shared by the operators.
+
+Everything here is O(C) or O(1) work in NumPy; the O(size) work is done by an
+*engine*: the Numba kernels (:func:`normkernels.kernels.dispatch.scale_shift`) or the
+NumPy twin (:func:`normkernels.reference.scale_shift`), which share this layer and so
+see identical arguments.
+"""
+
+import math
+
+import numpy as np
+
+from normkernels.kernels.storage import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, compute_dtype
+
+DATA_FORMATS = ("NCX", "NXC")
+ALL_FLOATS = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
+_NAMES = {FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
+
+
+def dtype_names(dtypes):
+    return ", ".join(_NAMES[d] for d in dtypes)
+
+
+def as_array(name, value):
+    """``value`` as an ndarray (array-likes are converted by NumPy's rules)."""
+    if isinstance(value, np.ndarray):
+        return value
+    try:
+        return np.asarray(value)
+    except Exception as exc:  # noqa: BLE001 - report which argument failed
+        raise TypeError(f"{name}: cannot be converted to an array ({exc})") from None
+
+
+def check_dtype(op, name, arr, allowed):
+    if arr.dtype not in allowed:
+        raise TypeError(
+            f"{op}: {name} has dtype {arr.dtype}; allowed: {dtype_names(allowed)}"
+        )
+
+
+def check_same_dtype(op, type_var, named_arrays):
+    """Inputs bound to one type variable of the spec must share one dtype."""
+    dtypes = {arr.dtype for arr in named_arrays.values()}
+    if len(dtypes) > 1:
+        listed = ", ".join(f"{n}={a.dtype}" for n, a in named_arrays.items())
+        raise TypeError(f"{op}: {', '.join(named_arrays)} share type {type_var} "
+                        f"and must have one dtype, got {listed}")
+
+
+def check_epsilon(op, epsilon, positive=False):
+    try:
+        eps = float(epsilon)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: epsilon must be a float, got {epsilon!r}") from None
+    if not math.isfinite(eps):
+        raise ValueError(f"{op}: epsilon must be finite, got {eps}")
+    if positive and eps <= 0:
+        raise ValueError(f"{op}: epsilon must be positive, got {eps}")
+    return eps
+
+
+def check_data_format(op, data_format):
+    if data_format not in DATA_FORMATS:
+        raise ValueError(f"{op}: data_format must be one of {DATA_FORMATS}, got {data_format!r}")
+
+
+def channel_count(X, data_format):
+    """C: axis 1 for NCX, the last axis for NXC; 1 for 1-D input (ONNX: size-N X)."""
+    if X.ndim == 1:
+        return 1
+    return X.shape[1] if data_format == "NCX" else X.shape[-1]
+
+
+def check_channel_params(op, C, named_params):
+    for name, p in named_params.items():
+        if p.shape != (C,):
+            raise ValueError(f"{op}: {name} must have shape ({C},) to match the "
+                             f"{C} channels of X, got shape {p.shape}")
+
+
+def fold_parameters(scale, B, mean, var, epsilon, dtype):
+    """Per-channel ``(mean, a, B)`` in the compute dtype of ``dtype`` with
+    ``a = scale / sqrt(var + epsilon)``.
+
+    ``a`` is computed in float64 from the exact float64 values of the parameters and
+    rounded once; ``mean`` and ``B`` are rounded once to the compute dtype (so a
+    float64 mean used with float32 X is rounded to float32: the one rounding beyond
+    the kernel's own).
+    """
+    cd = compute_dtype(dtype)
+    scale64 = scale.astype(FLOAT64, copy=False)
+    var64 = var.astype(FLOAT64, copy=False)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        a = (scale64 / np.sqrt(var64 + epsilon)).astype(cd, copy=False)
+    return mean.astype(cd, copy=False), a, B.astype(cd, copy=False)
+
+
+def _same_view(a, b):
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
+
+
+def check_out(op, out, X, params):
+    """``out`` must be a writeable array of X's shape and dtype, and share memory with
+    no input except by being X itself."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{op}: out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != X.shape or out.dtype != X.dtype:
+        raise ValueError(f"{op}: out must have the shape and dtype of X "
+                         f"({X.shape}, {X.dtype}), got ({out.shape}, {out.dtype})")
+    if not out.flags.writeable:
+        raise ValueError(f"{op}: out is read-only")
+    if np.may_share_memory(out, X) and not _same_view(out, X) and np.shares_memory(out, X):
+        raise ValueError(f"{op}: out overlaps X without being X itself "
+                         "(in-place needs out=X exactly)")
+    for name, p in params.items():
+        if np.may_share_memory(out, p) and np.shares_memory(out, p):
+            raise ValueError(f"{op}: out shares memory with {name}")
+
+
+def _channels_last_order(ndim):
+    return (0, *range(2, ndim), 1)
+
+
+def _channels_first_order(ndim):
+    return (0, ndim - 1, *range(1, ndim - 1))
+
+
+def physical_layout(X, data_format):
+    """How to run over X's memory: ``(order, S)`` where ``X.transpose(order)`` is
+    C-contiguous and channel ``c`` of flat element ``i`` is ``(i // S) % C``; or
+    ``None`` when X is neither channels-first nor channels-last in memory.
+
+    A logically NCX tensor stored channels-last (PyTorch's channels_last) runs as
+    NXC with no copy, and the reverse.
+    """
+    ndim = X.ndim
+    if ndim <= 2:  # (N,) is N x 1; (N, C) is the same in both formats
+        return (tuple(range(ndim)), 1) if X.flags.c_contiguous else None
+    spatial = math.prod(X.shape[2:]) if data_format == "NCX" else math.prod(X.shape[1:-1])
+    identity = tuple(range(ndim))
+    if data_format == "NCX":
+        candidates = ((identity, spatial), (_channels_last_order(ndim), 1))
+    else:
+        candidates = ((identity, 1), (_channels_first_order(ndim), spatial))
+    for order, S in candidates:
+        if X.transpose(order).flags.c_contiguous:
+            return order, S
+    return None
+
+
+def normalize(X, mean, a, b, data_format, out, engine, path=None):
+    """Y = (X - mean) * a + b per channel, written to ``out`` (or a new array).
+
+    ``engine(x, y, C, S, mean, a, b, path)`` runs over flat C-contiguous tensors.
+    """
+    C = channel_count(X, data_format)
+    if X.size == 0:
+        return np.empty_like(X) if out is None else out
+    layout = physical_layout(X, data_format)
+    if layout is None:
+        X = np.ascontiguousarray(X)
+        layout = physical_layout(X, data_format)
+    order, S = layout
+    x_flat = X.transpose(order)
+    if out is not None and out.transpose(order).flags.c_contiguous:
+        y = out
+    else:
+        y = np.empty_like(X)  # same memory order as X
+    engine(x_flat, y.transpose(order), C, S, mean, a, b, path)
+    if out is not None and y is not out:
+        np.copyto(out, y)
+        return out
+    return y
