@@ -12,7 +12,9 @@ def __getattr__(name):
     if name in __all__:
         from normkernels import api
 
-        return getattr(api, name)
+        value = getattr(api, name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     raise AttributeError(f"module 'normkernels' has no attribute {name!r}")
 
 

@@ -27,4 +27,7 @@ def compute_dtype(dtype):
 
 def storage_view(arr):
     """``arr`` viewed as its storage dtype (no copy)."""
-    return arr.view(STORAGE_DTYPE[arr.dtype])
+    dtype = arr.dtype
+    if dtype == FLOAT32 or dtype == FLOAT64:
+        return arr
+    return arr.view(STORAGE_DTYPE[dtype])

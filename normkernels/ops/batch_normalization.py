@@ -10,6 +10,7 @@ outputs) and non-spatial mode raise ``NotImplementedError``: they belong to the
 training-mode feature, which brings the batch statistics kernels.
 """
 
+import functools
 from dataclasses import dataclass, field
 
 from normkernels.ops import common
@@ -48,6 +49,7 @@ VERSIONS = {
 }
 
 
+@functools.cache
 def version_for(opset):
     """The BatchNormalization version in force at ``opset``."""
     if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
@@ -71,6 +73,8 @@ def resolve_attributes(version, given):
 
 
 def check_types(version, arrays):
+    if _types_ok(version, arrays):
+        return
     label = f"{OP}-{version.since}"
     groups = {}
     for name, arr in arrays.items():
@@ -79,6 +83,17 @@ def check_types(version, arrays):
         groups.setdefault(tv, {})[name] = arr
     for tv, members in groups.items():
         common.check_same_dtype(label, tv, members)
+
+
+def _types_ok(version, arrays):
+    """Fast path of check_types: no error to report."""
+    seen = {}
+    for name, arr in arrays.items():
+        tv = version.type_vars[name]
+        dt = seen.setdefault(tv, arr.dtype)
+        if dt != arr.dtype or dt not in version.dtypes[tv]:
+            return False
+    return True
 
 
 def mode(version, attrs):

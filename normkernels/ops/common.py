@@ -10,7 +10,15 @@ import math
 
 import numpy as np
 
-from normkernels.kernels.storage import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, compute_dtype
+from normkernels.kernels.fold import scale_over_std
+from normkernels.kernels.storage import (
+    BFLOAT16,
+    FLOAT16,
+    FLOAT32,
+    FLOAT64,
+    compute_dtype,
+    storage_view,
+)
 
 DATA_FORMATS = ("NCX", "NXC")
 ALL_FLOATS = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
@@ -88,10 +96,8 @@ def fold_parameters(scale, B, mean, var, epsilon, dtype):
     the kernel's own).
     """
     cd = compute_dtype(dtype)
-    scale64 = scale.astype(FLOAT64, copy=False)
-    var64 = var.astype(FLOAT64, copy=False)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        a = (scale64 / np.sqrt(var64 + epsilon)).astype(cd, copy=False)
+    a = np.empty(scale.shape, cd)
+    scale_over_std(storage_view(scale), storage_view(var), epsilon, a)
     return mean.astype(cd, copy=False), a, B.astype(cd, copy=False)
 
 
@@ -152,22 +158,29 @@ def physical_layout(X, data_format):
 def normalize(X, mean, a, b, data_format, out, engine, path=None):
     """Y = (X - mean) * a + b per channel, written to ``out`` (or a new array).
 
-    ``engine(x, y, C, S, mean, a, b, path)`` runs over flat C-contiguous tensors.
+    ``engine(x, y, C, S, mean, a, b, path)`` runs over C-contiguous tensors.
     """
     C = channel_count(X, data_format)
     if X.size == 0:
         return np.empty_like(X) if out is None else out
-    layout = physical_layout(X, data_format)
-    if layout is None:
-        X = np.ascontiguousarray(X)
+    if X.flags.c_contiguous:  # the common case, kept short for small-tensor latency
+        order = None
+        S = math.prod(X.shape[2:]) if data_format == "NCX" and X.ndim > 2 else 1
+    else:
         layout = physical_layout(X, data_format)
-    order, S = layout
-    x_flat = X.transpose(order)
-    if out is not None and out.transpose(order).flags.c_contiguous:
+        if layout is None:
+            X = np.ascontiguousarray(X)
+            layout = physical_layout(X, data_format)
+        order, S = layout
+    if out is not None and (out.flags.c_contiguous if order is None
+                            else out.transpose(order).flags.c_contiguous):
         y = out
     else:
         y = np.empty_like(X)  # same memory order as X
-    engine(x_flat, y.transpose(order), C, S, mean, a, b, path)
+    if order is None:
+        engine(X, y, C, S, mean, a, b, path)
+    else:
+        engine(X.transpose(order), y.transpose(order), C, S, mean, a, b, path)
     if out is not None and y is not out:
         np.copyto(out, y)
         return out
