@@ -5,7 +5,7 @@ kernel compiles on its first call per (dtype, layout), then comes from the disk 
 """
 
 __version__ = "0.1.0"
-__all__ = ["batch_normalization", "batch_norm_inference"]
+__all__ = ["batch_norm_inference", "batch_normalization"]
 
 
 def __getattr__(name):

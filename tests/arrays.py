@@ -41,7 +41,7 @@ def random_params(rng, C, dtypes=(np.float32,) * 4, mean=0.0):
     B = rng.standard_normal(C)
     m = rng.standard_normal(C) * 0.5 + mean
     var = rng.uniform(0.25, 4.0, C)
-    return tuple(np.asarray(v).astype(d) for v, d in zip((scale, B, m, var), dtypes))
+    return tuple(np.asarray(v).astype(d) for v, d in zip((scale, B, m, var), dtypes, strict=True))
 
 
 def assert_identical(a, b):

@@ -55,7 +55,7 @@ def test_matches_oracle(rng, dtype, data_format, shape_id):
     Y = run_both(X, params, data_format)
     assert Y.dtype == dtype and Y.shape == X.shape
     expect_close(Y, X, params, EPS, data_format)
-    for original, now in zip(before, (X, *params)):
+    for original, now in zip(before, (X, *params), strict=True):
         assert_identical(original, now)  # inputs untouched
 
 

@@ -113,7 +113,7 @@ class TestOut:
             bn(X=self.X, out=np.empty((2, 3, 4), F64))
 
     def test_not_an_array(self):
-        with pytest.raises(TypeError, match="out must be a numpy.ndarray"):
+        with pytest.raises(TypeError, match=r"out must be a numpy\.ndarray"):
             bn(X=self.X, out=[0.0])
 
     def test_read_only(self):

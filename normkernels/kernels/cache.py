@@ -34,7 +34,7 @@ def _register():
         getattr(caching, name, None)
         for name in ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
     ]
-    impl = getattr(caching, "_CacheImpl", None)
+    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
     if impl is None or None in bases or not hasattr(impl, "_locator_classes"):
         return
     stamp = _package_stamp()
@@ -53,8 +53,8 @@ def _register():
 
         PackageStampedLocator.__name__ = "PackageStamped" + base.__name__
         ours.append(PackageStampedLocator)
-    impl._locator_classes[:0] = [c for c in ours if c.__name__ not in
-                                 {k.__name__ for k in impl._locator_classes}]
+    registered = {k.__name__ for k in impl._locator_classes}
+    impl._locator_classes[:0] = [c for c in ours if c.__name__ not in registered]
 
 
 _register()

@@ -8,9 +8,9 @@ the four storage dtypes, computes in float64 and rounds once into ``a``.
 
 import math
 
-import normkernels.kernels.cache  # noqa: F401  (first: registers the cache locators)
 from numba import njit
 
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.elements import load
 from normkernels.kernels.scale_shift import KERNEL_OPTIONS
 

@@ -26,9 +26,9 @@ The ``(x - mean) * a + B`` form is deliberate: folding to ``x * a + (B - mean * 
 saves one subtraction but cancels catastrophically when ``|mean| >> std``.
 """
 
-import normkernels.kernels.cache  # noqa: F401  (first: registers the cache locators)
 from numba import njit, prange
 
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.streaming import (
     VECTOR_BYTES,

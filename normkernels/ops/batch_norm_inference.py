@@ -20,7 +20,8 @@ def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_fo
     """Spec layer of :func:`normkernels.batch_norm_inference`."""
     common.check_data_format(OP, data_format)
     X = common.as_array("input", input)
-    params = {n: common.as_array(n, v) for n, v in zip(_PARAMS, (gamma, beta, mean, variance))}
+    values = (gamma, beta, mean, variance)
+    params = {n: common.as_array(n, v) for n, v in zip(_PARAMS, values, strict=True)}
     common.check_dtype(OP, "input", X, T1)
     for name, p in params.items():
         common.check_dtype(OP, name, p, T2)

@@ -127,7 +127,7 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     label = f"{OP}-{version.since}"
     common.check_data_format(label, data_format)
     arrays = {n: common.as_array(n, v)
-              for n, v in zip(_INPUTS, (X, scale, B, input_mean, input_var))}
+              for n, v in zip(_INPUTS, (X, scale, B, input_mean, input_var), strict=True)}
     check_types(version, arrays)
     X = arrays.pop("X")
     if X.ndim < 1:

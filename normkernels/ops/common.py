@@ -35,7 +35,7 @@ def as_array(name, value):
         return value
     try:
         return np.asarray(value)
-    except Exception as exc:  # noqa: BLE001 - report which argument failed
+    except Exception as exc:
         raise TypeError(f"{name}: cannot be converted to an array ({exc})") from None
 
 

@@ -1,0 +1,160 @@
+"""The kernel layer: execution paths, element conversions, streaming stores, caching."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from arrays import FLOAT_IDS, FLOATS, assert_identical, random_params
+from numba import njit
+
+from normkernels import reference
+from normkernels.kernels import dispatch, scale_shift
+from normkernels.kernels.elements import load, store
+from normkernels.kernels.storage import BFLOAT16, FLOAT16, storage_view
+from normkernels.ops import batch_normalization as bn_spec
+
+# (shape, data_format): planes with tails, short planes (periodic tables), channels
+# last, C = 1; each spans several parallel blocks.
+KERNEL_CASES = {
+    "planes": ((3, 5, 97, 101), "NCX"),
+    "short-planes": ((101, 70, 3, 7), "NCX"),
+    "nxc": ((3, 97, 101, 5), "NXC"),
+    "nxc-C1": ((3, 97, 101, 1), "NXC"),
+    "1d": ((150001,), "NCX"),
+}
+
+
+def wide_range_tensor(rng, shape, dtype):
+    """Values from deep subnormal to near overflow of ``dtype``, with signs, zeros,
+    NaN and Inf: exercises every widening and rounding case of the conversions."""
+    finfo = np.finfo(np.float32 if dtype == BFLOAT16 else dtype)
+    lo = np.log2(float(finfo.smallest_subnormal))
+    hi = np.log2(float(finfo.max))
+    x = np.exp2(rng.uniform(lo, hi, shape)) * rng.choice([-1.0, 1.0], shape)
+    flat = x.reshape(-1)
+    flat[::97] = 0.0
+    flat[1::101] = -0.0
+    flat[2::499] = np.nan
+    flat[3::503] = np.inf
+    with np.errstate(over="ignore"):
+        return x.astype(dtype)
+
+
+def run_path(X, params, data_format, path, out=None):
+    return bn_spec.batch_normalization(X, *params, data_format=data_format, epsilon=0.0,
+                                       out=out, engine=dispatch.scale_shift, path=path)
+
+
+@pytest.mark.parametrize("case", list(KERNEL_CASES))
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_paths_give_identical_results(rng, dtype, case):
+    shape, data_format = KERNEL_CASES[case]
+    C = 1 if len(shape) == 1 else shape[1] if data_format == "NCX" else shape[-1]
+    X = wide_range_tensor(rng, shape, dtype)
+    params = random_params(rng, C, (dtype,) * 4)
+    expected = reference.batch_normalization(X, *params, data_format=data_format, epsilon=0.0)
+    for path in dispatch.PATHS:
+        assert_identical(run_path(X, params, data_format, path), expected)
+        unaligned = np.empty(X.size + 1, dtype)[1:].reshape(shape)
+        run_path(X, params, data_format, path, out=unaligned)
+        assert_identical(unaligned, expected)
+
+
+@njit
+def _widen_all(bits, out):
+    for i in range(bits.size):
+        out[i] = load(bits, i)
+
+
+@njit
+def _narrow_all(values, out):
+    for i in range(values.size):
+        store(out, i, values[i])
+
+
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16], ids=["float16", "bfloat16"])
+def test_widening_is_exact_for_every_bit_pattern(dtype):
+    all_values = np.arange(2**16, dtype=np.uint16).view(dtype)
+    out = np.empty(all_values.size, np.float32)
+    _widen_all(storage_view(all_values), out)
+    with np.errstate(invalid="ignore"):
+        assert_identical(out, all_values.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16], ids=["float16", "bfloat16"])
+def test_narrowing_rounds_to_nearest_even(rng, dtype):
+    bits = rng.integers(0, 2**32, 2_000_000, dtype=np.uint64).astype(np.uint32)
+    # ties and near-ties for both formats, subnormals, the overflow threshold
+    specials = np.array([0x3F808000, 0x3F818000, 0x3F807FFF, 0x00008000, 0x00018000,
+                         0x7F7FFFFF, 0x7F7F8000, 0x477FF000, 0x477FEFFF, 0x33800000,
+                         0x33000000, 0x33000001, 0x80000001, 0x7FC00001, 0xFF800001],
+                        dtype=np.uint32)
+    values = np.concatenate([bits, specials]).view(np.float32)
+    out = np.empty(values.size, dtype)
+    _narrow_all(values, storage_view(out))
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert_identical(out, values.astype(dtype))
+
+
+def _uncached_asm(kernel, *args):
+    fresh = njit(parallel=True)(kernel.py_func)
+    fresh(*args)
+    return "\n".join(fresh.inspect_asm().values())
+
+
+@pytest.mark.skipif(not dispatch.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_streaming_kernels_emit_non_temporal_stores(dtype):
+    """LLVM has dropped the non-temporal hint before (16-bit stores folded into
+    vcvtps2ph): check the machine code of every dtype's streaming kernels."""
+    x = storage_view(np.zeros(4096, dtype))
+    cd = np.float64 if dtype == np.float64 else np.float32
+    p = np.zeros(512, cd)
+    for kernel, args in [
+        (scale_shift.scale_shift_planes_parallel, (x, x.copy(), 4, 1024, p, p, p, True)),
+        (scale_shift.scale_shift_periodic_parallel, (x, x.copy(), 256, p, p, p, True)),
+    ]:
+        asm = _uncached_asm(kernel, *args)
+        assert re.search(r"\bvmovnt(ps|pd|dq)\b", asm), kernel.__name__
+        assert "sfence" in asm, kernel.__name__
+
+
+def _python(code, **env):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                          capture_output=True, text=True, env={**os.environ, **env}, check=True)
+
+
+def test_import_compiles_nothing():
+    result = _python("""
+        import sys, normkernels
+        assert "numba" not in sys.modules, "import normkernels loaded numba"
+        normkernels.batch_normalization  # loads the API, still compiles nothing
+        from normkernels.kernels import scale_shift, fold
+        kernels = [scale_shift.scale_shift_planes_serial, scale_shift.scale_shift_planes_parallel,
+                   scale_shift.scale_shift_periodic_serial,
+                   scale_shift.scale_shift_periodic_parallel, fold.scale_over_std]
+        print(sum(len(k.signatures) for k in kernels))
+    """)
+    assert result.stdout.strip() == "0"
+
+
+def test_kernels_are_cached_in_numba_cache_dir(tmp_path):
+    _python("""
+        import numpy as np, normkernels
+        x = np.ones((2, 3, 4), np.float16)
+        p = np.ones(3, np.float32)
+        normkernels.batch_normalization(x, p, p, p, p)
+    """, NUMBA_CACHE_DIR=str(tmp_path))
+    cached = {p.name for p in tmp_path.rglob("*.nbi")}
+    assert any(name.startswith("scale_shift.scale_shift_periodic_serial") for name in cached)
+    assert any(name.startswith("fold.scale_over_std") for name in cached)
+
+
+def test_cache_stamp_covers_every_kernel_source():
+    """An edit to elements.py or streaming.py must invalidate cached kernels."""
+    locator = scale_shift.scale_shift_planes_serial._cache._impl.locator
+    assert type(locator).__name__.startswith("PackageStamped")
