@@ -1,0 +1,5 @@
+import sys
+
+from normkernels.cli import main
+
+sys.exit(main())

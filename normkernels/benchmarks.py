@@ -1,0 +1,181 @@
+"""Benchmark workloads and the side-by-side timing harness.
+
+One table (:data:`WORKLOADS`) feeds the ``normkernels bench`` command and the
+pytest-benchmark cases in ``bench/``. Every row is timed against baselines run in the
+same process with interleaved repeats (A B C A B C ...) and reported as medians, so a
+shared, noisy machine shifts all of them together and the ratios hold:
+
+* ``copy``: a parallel copy of the same bytes (the roofline: Y = X cannot be faster),
+* ``axpb``: a plain parallel ``y = a * x + b`` loop over the same array,
+* ``numpy``: the NumPy formula a user would write.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from normkernels.kernels.storage import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+
+DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64": FLOAT64}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    op: str  # "batchnorm" (ONNX, inference) or "batchnorm-inference" (oneDNN)
+    shape: tuple  # in NCX order: (N, C, *spatial)
+    dtype: str
+    data_format: str = "NCX"
+
+    @property
+    def layout_shape(self):
+        if self.data_format == "NXC" and len(self.shape) > 2:
+            return (self.shape[0], *self.shape[2:], self.shape[1])
+        return self.shape
+
+    @property
+    def channels(self):
+        return self.shape[1] if len(self.shape) > 1 else 1
+
+
+WORKLOADS = [
+    Workload("resnet-stem-f32-ncx", "batchnorm", (32, 64, 112, 112), "float32", "NCX"),
+    Workload("resnet-stem-f32-nxc", "batchnorm", (32, 64, 112, 112), "float32", "NXC"),
+    Workload("resnet-stem-f16-ncx", "batchnorm", (32, 64, 112, 112), "float16", "NCX"),
+    Workload("resnet-stem-bf16-ncx", "batchnorm", (32, 64, 112, 112), "bfloat16", "NCX"),
+    Workload("resnet-stem-bf16-nxc-onednn", "batchnorm-inference", (32, 64, 112, 112),
+             "bfloat16", "NXC"),
+    Workload("resnet-last-f32", "batchnorm", (64, 2048, 7, 7), "float32", "NCX"),
+    Workload("dense-f32", "batchnorm", (4096, 1024), "float32", "NCX"),
+    Workload("tiny-f32", "batchnorm", (1, 16, 8, 8), "float32", "NCX"),
+]
+WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
+
+
+def make_inputs(workload, seed=0):
+    """X and the four per-channel parameters of a workload (float32 parameters,
+    bfloat16 for the oneDNN op on bfloat16 X)."""
+    rng = np.random.default_rng(seed)
+    dtype = DTYPES[workload.dtype]
+    X = rng.standard_normal(workload.layout_shape, dtype=np.float32).astype(dtype)
+    C = workload.channels
+    pdt = BFLOAT16 if workload.op == "batchnorm-inference" and dtype == BFLOAT16 else FLOAT32
+    scale = rng.uniform(0.5, 2.0, C).astype(pdt)
+    B = rng.standard_normal(C).astype(pdt)
+    mean = rng.standard_normal(C).astype(pdt)
+    var = rng.uniform(0.5, 2.0, C).astype(pdt)
+    return X, (scale, B, mean, var)
+
+
+def normkernels_call(workload, X, params, out):
+    import normkernels
+
+    if workload.op == "batchnorm-inference":
+        return lambda: normkernels.batch_norm_inference(
+            X, *params, epsilon=1e-5, data_format=workload.data_format, out=out)
+    return lambda: normkernels.batch_normalization(
+        X, *params, epsilon=1e-5, data_format=workload.data_format, out=out)
+
+
+def numpy_call(workload, X, params):
+    """The formula in NumPy, parameters broadcast along the channel axis."""
+    shape = [1] * X.ndim
+    shape[1 if workload.data_format == "NCX" or X.ndim <= 2 else -1] = -1
+    scale, B, mean, var = (p.astype(X.dtype).reshape(shape) for p in params)
+
+    def run():
+        return (X - mean) / np.sqrt(var + X.dtype.type(1e-5)) * scale + B
+
+    return run
+
+
+def _roofline_kernels():
+    from numba import njit, prange
+
+    @njit(parallel=True, cache=True)
+    def parallel_copy(x, y):
+        n = x.size
+        chunks = 64
+        for k in prange(chunks):
+            lo = k * n // chunks
+            hi = (k + 1) * n // chunks
+            y[lo:hi] = x[lo:hi]
+
+    @njit(parallel=True, cache=True)
+    def parallel_axpb(x, y, a, b):
+        for i in prange(x.size):
+            y[i] = x[i] * a + b
+
+    return parallel_copy, parallel_axpb
+
+
+def baseline_calls(X, out):
+    """Roofline baselines over X's storage: parallel copy and parallel a*x+b (in
+    float32 for 16-bit dtypes, with ordinary stores)."""
+    from normkernels.kernels.storage import storage_view
+
+    parallel_copy, parallel_axpb = _roofline_kernels()
+    x = storage_view(X.reshape(-1))
+    y = storage_view(out.reshape(-1))
+    if X.dtype.itemsize == 2:  # a*x+b on the bits: same bytes and loop shape
+        x, y = x.view(np.uint16), y.view(np.uint16)
+        a, b = np.uint16(3), np.uint16(1)
+    else:
+        a, b = X.dtype.type(1.5), X.dtype.type(0.25)
+    return {"copy": lambda: parallel_copy(x, y), "axpb": lambda: parallel_axpb(x, y, a, b)}
+
+
+def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None):
+    """Median seconds per call of each callable, timed in turn (A B C A B C ...)."""
+    for _ in range(warmup):
+        for fn in calls.values():
+            fn()
+    times = {name: [] for name in calls}
+    start = time.perf_counter()
+    for _ in range(repeat):
+        for name, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        if budget_seconds is not None and time.perf_counter() - start > budget_seconds:
+            break
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def max_relative_error(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    scale = np.maximum(np.abs(b), 1.0)
+    return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
+
+
+def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
+    """Time one workload and its baselines; returns a dict of results."""
+    X, params = make_inputs(workload)
+    out = np.empty_like(X)
+    nk = normkernels_call(workload, X, params, out)
+    t0 = time.perf_counter()
+    nk()
+    first_call = time.perf_counter() - t0
+    calls = {"normkernels": nk, **baseline_calls(X, np.empty_like(X))}
+    if numpy_baseline:
+        calls["numpy"] = numpy_call(workload, X, params)
+    small = X.nbytes < (1 << 20)
+    medians = interleaved_medians(calls, repeat * (50 if small else 1), warmup,
+                                  budget_seconds=60)
+    nbytes = 2 * X.nbytes
+    result = {
+        "workload": workload.name, "op": workload.op, "shape": list(workload.layout_shape),
+        "dtype": workload.dtype, "data_format": workload.data_format, "bytes": nbytes,
+        "first_call_s": first_call,
+        "seconds": medians,
+        "gbps": {k: nbytes / v / 1e9 for k, v in medians.items()},
+        "pct_of_copy": 100.0 * medians["copy"] / medians["normkernels"],
+        "pct_of_axpb": 100.0 * medians["axpb"] / medians["normkernels"],
+    }
+    if numpy_baseline:
+        result["numpy_over_normkernels"] = medians["numpy"] / medians["normkernels"]
+        result["numpy_max_rel_err"] = max_relative_error(numpy_call(workload, X, params)(), out)
+    return result
