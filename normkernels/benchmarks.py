@@ -127,8 +127,35 @@ def baseline_calls(X, out):
     return {"copy": lambda: parallel_copy(x, y), "axpb": lambda: parallel_axpb(x, y, a, b)}
 
 
-def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None):
-    """Median seconds per call of each callable, timed in turn (A B C A B C ...)."""
+# Before each timed call of a large workload the harness writes this much scratch
+# memory, so every candidate starts from the same cold cache. Without it the call
+# that ran just after another one found X in cache: the copy baseline, timed right
+# after normkernels, measured 52 GB/s instead of 31 GB/s. 64 MB and 1 GB of scratch
+# gave the same timings here; 256 MB leaves margin for larger last-level caches.
+FLUSH_BYTES = 256 << 20
+
+
+class CacheFlusher:
+    """Evicts the caches by writing a scratch buffer with all threads."""
+
+    def __init__(self, nbytes=FLUSH_BYTES):
+        from numba import njit, prange
+
+        @njit(parallel=True, cache=True)
+        def _touch(buf):
+            for i in prange(buf.size):
+                buf[i] += 1.0
+
+        self._touch = _touch
+        self._buf = np.zeros(nbytes // 8)
+
+    def __call__(self):
+        self._touch(self._buf)
+
+
+def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_each=None):
+    """Median seconds per call of each callable, timed in turn (A B C A B C ...);
+    ``before_each`` (untimed) runs before every timed call."""
     for _ in range(warmup):
         for fn in calls.values():
             fn()
@@ -136,6 +163,8 @@ def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None):
     start = time.perf_counter()
     for _ in range(repeat):
         for name, fn in calls.items():
+            if before_each is not None:
+                before_each()
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
@@ -151,6 +180,15 @@ def max_relative_error(a, b):
     return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
 
 
+_FLUSHER = []
+
+
+def _flusher():
+    if not _FLUSHER:
+        _FLUSHER.append(CacheFlusher())
+    return _FLUSHER[0]
+
+
 def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
     """Time one workload and its baselines; returns a dict of results."""
     X, params = make_inputs(workload)
@@ -162,9 +200,10 @@ def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
     calls = {"normkernels": nk, **baseline_calls(X, np.empty_like(X))}
     if numpy_baseline:
         calls["numpy"] = numpy_call(workload, X, params)
-    small = X.nbytes < (1 << 20)
+    small = X.nbytes < (1 << 20)  # per-call latency, warm: as called in a loop
     medians = interleaved_medians(calls, repeat * (50 if small else 1), warmup,
-                                  budget_seconds=60)
+                                  budget_seconds=60,
+                                  before_each=None if small else _flusher())
     nbytes = 2 * X.nbytes
     result = {
         "workload": workload.name, "op": workload.op, "shape": list(workload.layout_shape),

@@ -22,9 +22,14 @@ PATHS = ("serial", "parallel", "streaming")
 SERIAL_MAX_ELEMENTS = 1 << 15
 
 # Streaming stores pay once Y no longer fits in cache: (32,64,112,112) f32 (51 MB of
-# Y) took 5.1 ms streaming against 5.9 ms cached; (4096,1024) f32 (16 MB) took
-# 1.0-1.4 ms streaming against 0.6-0.9 ms cached.
+# Y) took 6.3 ms streaming against 7.1 ms cached (cold caches, 2 threads); (4096,1024)
+# f32 (16 MB) took 1.0-1.4 ms streaming against 0.6-0.9 ms cached.
 STREAMING_MIN_BYTES = 32 << 20
+# ... and only for 32- and 64-bit elements. For 16-bit Y they lost on the same shape:
+# float16 4.1 ms streaming against 3.9 ms, bfloat16 6.0 ms against 4.5 ms (the
+# bfloat16 rounding is ALU-heavy and the vpmovdw-to-memory form of the cached loop
+# is cheaper than narrowing in registers before a vmovntps).
+STREAMING_MIN_ITEMSIZE = 4
 
 # Planes shorter than this go through the periodic loop over parameter tables:
 # (64,2048,7,7) f32 ran at 1.18 ms as planes of 49 and 1.38 ms periodic, while
@@ -54,7 +59,8 @@ def choose_path(y):
     """The path for writing ``y`` (a storage array): serial, parallel or streaming."""
     if y.size <= SERIAL_MAX_ELEMENTS:
         return "serial"
-    if y.nbytes >= STREAMING_MIN_BYTES and y.flags.aligned and streaming_supported():
+    if (y.nbytes >= STREAMING_MIN_BYTES and y.itemsize >= STREAMING_MIN_ITEMSIZE
+            and y.flags.aligned and streaming_supported()):
         return "streaming"
     return "parallel"
 
