@@ -22,6 +22,7 @@ from normkernels.ops import batch_normalization as bn_spec
 KERNEL_CASES = {
     "planes": ((3, 5, 97, 101), "NCX"),
     "short-planes": ((101, 70, 3, 7), "NCX"),
+    "short-planes-many-channels": ((2, 30000, 3, 3), "NCX"),  # tables too big: planes
     "nxc": ((3, 97, 101, 5), "NXC"),
     "nxc-C1": ((3, 97, 101, 1), "NXC"),
     "1d": ((150001,), "NCX"),

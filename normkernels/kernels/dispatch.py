@@ -24,17 +24,27 @@ SERIAL_MAX_ELEMENTS = 1 << 15
 # Streaming stores pay once Y no longer fits in cache: (32,64,112,112) f32 (51 MB of
 # Y) took 6.3 ms streaming against 7.1 ms cached (cold caches, 2 threads); (4096,1024)
 # f32 (16 MB) took 1.0-1.4 ms streaming against 0.6-0.9 ms cached.
-STREAMING_MIN_BYTES = 32 << 20
+STREAMING_MIN_BYTES = 4 << 20
 # ... and only for 32- and 64-bit elements. For 16-bit Y they lost on the same shape:
 # float16 4.1 ms streaming against 3.9 ms, bfloat16 6.0 ms against 4.5 ms (the
 # bfloat16 rounding is ALU-heavy and the vpmovdw-to-memory form of the cached loop
 # is cheaper than narrowing in registers before a vmovntps).
 STREAMING_MIN_ITEMSIZE = 4
 
-# Planes shorter than this go through the periodic loop over parameter tables:
-# (64,2048,7,7) f32 ran at 1.18 ms as planes of 49 and 1.38 ms periodic, while
-# planes of 1 element (2-D input) ran 20x slower than periodic.
+# Loop choice for NCX, measured with cold caches on float32 (ms; 2 threads; "NT":
+# streaming stores, the planes loop crossing plane boundaries inside vectors):
+#   shape             planes  planes+NT  periodic  periodic+NT  copy
+#   (64,2048,7,7)      1.88     1.49       1.77       1.36      1.44
+#   (32,1024,14,14)    1.48     1.30       2.02       1.55      1.38
+#   (32,512,28,28)     3.01     2.62       4.05       3.15      2.80
+#   (32,128,56,56)     3.11     2.80       4.10       3.21      2.92
+# Periodic needs its parameter tables (3 x C x S entries) built on every call, which
+# costs more than it gains at 7x7, so planes serve every S >= 32 (the streaming planes
+# loop needs S >= 32: a 64-byte vector then straddles at most two planes). Shorter
+# runs use periodic tables while they stay in L2; planes of 1 element (2-D input as
+# planes) ran 20x slower than periodic.
 PLANES_MIN_SPATIAL = 32
+TABLES_MAX_BYTES = 3 << 19  # 1.5 MB
 
 # Parameter tables cover a whole number of periods of at least this many elements,
 # so the inner loop is long enough to vectorise well even for C = 1 or 3; plus
@@ -63,6 +73,13 @@ def choose_path(y):
             and y.flags.aligned and streaming_supported()):
         return "streaming"
     return "parallel"
+
+
+def use_planes(C, S, itemsize):
+    """Planes loop (else periodic) for runs of ``S`` elements per channel."""
+    if S >= PLANES_MIN_SPATIAL:
+        return True
+    return S > 1 and 3 * C * S * itemsize > TABLES_MAX_BYTES
 
 
 def parameter_tables(C, S, mean, a, b):
@@ -99,10 +116,11 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
     elif path == "streaming" and not (streaming_supported() and ys.flags.aligned):
         path = "parallel"
     streaming = path == "streaming"
-    if S >= PLANES_MIN_SPATIAL:
+    if use_planes(C, S, mean.itemsize):
         if path == "serial":
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
         else:
+            streaming = streaming and S >= PLANES_MIN_SPATIAL
             loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, streaming)
         return
     period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)

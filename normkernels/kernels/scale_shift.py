@@ -34,6 +34,7 @@ from normkernels.kernels.streaming import (
     VECTOR_BYTES,
     store_fence,
     stream_scale_shift,
+    stream_scale_shift_split,
     stream_scale_shift_tables,
 )
 
@@ -77,34 +78,49 @@ def _run_tables(x, y, mean, a, b):
 
 
 @njit(inline="always", **KERNEL_OPTIONS)
-def _run_streaming(x, y, m, a, b):
-    """:func:`_run` with streaming stores: scalar head to 64-byte alignment, vectors,
-    scalar tail."""
-    n = x.size
-    width = VECTOR_BYTES // y.itemsize
-    head = min(n, _elements_to_alignment(y))
-    body = head + (n - head) // width * width
-    _run(x[:head], y[:head], m, a, b)
-    for i in range(head, body, width):
-        stream_scale_shift(x, y, i, m, a, b)
-    _run(x[body:], y[body:], m, a, b)
-
-
-@njit(inline="always", **KERNEL_OPTIONS)
-def _planes_range(x, y, lo, hi, C, S, mean, a, b, streaming):
+def _planes_range(x, y, lo, hi, C, S, mean, a, b):
     """Elements ``lo..hi-1`` of planes of ``S`` (plane ``p`` is channel ``p % C``),
-    one plane segment at a time."""
+    one plane segment at a time, ordinary stores."""
     while lo < hi:
         plane = lo // S
         end = min(hi, (plane + 1) * S)
         c = plane % C
-        if streaming:
-            _run_streaming(x[lo:end], y[lo:end], mean[c], a[c], b[c])
-        else:
-            _run(x[lo:end], y[lo:end], mean[c], a[c], b[c])
+        _run(x[lo:end], y[lo:end], mean[c], a[c], b[c])
         lo = end
-    if streaming:
-        store_fence()
+
+
+@njit(inline="always", **KERNEL_OPTIONS)
+def _planes_range_streaming(x, y, lo, hi, C, S, mean, a, b):
+    """:func:`_planes_range` with streaming stores; needs ``S >= 32`` (a vector then
+    straddles at most two planes).
+
+    The vectors run across plane boundaries: one that straddles two planes takes
+    each lane's parameters from its own plane (``stream_scale_shift_split``), so a
+    plane costs no scalar head and tail of its own. Per-plane heads and tails were
+    measured first: (64,2048,7,7) f32 ran at 2.83 ms against 1.65 ms cached.
+    """
+    width = VECTOR_BYTES // y.itemsize
+    head = min(hi - lo, _elements_to_alignment(y[lo:hi]))
+    body_end = lo + head + (hi - lo - head) // width * width
+    _planes_range(x, y, lo, lo + head, C, S, mean, a, b)
+    i = lo + head
+    plane = i // S
+    c = plane % C
+    boundary = (plane + 1) * S
+    while i < body_end:
+        inside = boundary - i
+        if inside >= width:
+            stream_scale_shift(x, y, i, mean[c], a[c], b[c])
+        else:
+            c_next = c + 1 if c + 1 < C else 0
+            stream_scale_shift_split(x, y, i, mean[c], a[c], b[c],
+                                     mean[c_next], a[c_next], b[c_next], inside)
+        i += width
+        if i >= boundary:
+            c = c + 1 if c + 1 < C else 0
+            boundary += S
+    _planes_range(x, y, body_end, hi, C, S, mean, a, b)
+    store_fence()
 
 
 @njit(inline="always", **KERNEL_OPTIONS)
@@ -155,7 +171,7 @@ def _periodic_range_streaming(x, y, lo, hi, P, mean, a, b):
 @njit(**KERNEL_OPTIONS)
 def scale_shift_planes_serial(x, y, C, S, mean, a, b):
     """``y = (x - mean[c]) * a[c] + b[c]`` over planes of ``S`` elements, one thread."""
-    _planes_range(x, y, 0, x.size, C, S, mean, a, b, False)
+    _planes_range(x, y, 0, x.size, C, S, mean, a, b)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -166,7 +182,11 @@ def scale_shift_planes_parallel(x, y, C, S, mean, a, b, streaming):
     n_blocks = (n + BLOCK_ELEMENTS - 1) // BLOCK_ELEMENTS
     for blk in prange(n_blocks):
         lo = blk * BLOCK_ELEMENTS
-        _planes_range(x, y, lo, min(n, lo + BLOCK_ELEMENTS), C, S, mean, a, b, streaming)
+        hi = min(n, lo + BLOCK_ELEMENTS)
+        if streaming:
+            _planes_range_streaming(x, y, lo, hi, C, S, mean, a, b)
+        else:
+            _planes_range(x, y, lo, hi, C, S, mean, a, b)
 
 
 @njit(**KERNEL_OPTIONS)

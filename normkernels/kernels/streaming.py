@@ -65,7 +65,9 @@ def _broadcast(builder, scalar, lanes):
     return builder.shuffle_vector(first, undef, zeros)
 
 
-def _emit(context, builder, sig, args, params_from_tables):
+def _emit(context, builder, sig, args, params):
+    """``params``: "scalars" (args 3-5), "tables" (arrays 3-5 at phase arg 6) or
+    "split" (lanes below arg 9 take scalars 3-5, the others scalars 6-8)."""
     xty, yty = sig.args[0], sig.args[1]
     x, y, index = args[0], args[1], args[2]
     index = context.cast(builder, index, sig.args[2], types.intp)
@@ -76,16 +78,22 @@ def _emit(context, builder, sig, args, params_from_tables):
     if widen is not None:
         xv = widen(builder, xv, lanes)
 
-    if params_from_tables:
+    if params == "tables":
         phase = context.cast(builder, args[6], sig.args[6], types.intp)
-        params = []
+        vectors = []
         for k in (3, 4, 5):
             ptr = _element_ptr(context, builder, sig.args[k], args[k], phase)
-            params.append(_load_vector(builder, ptr, lanes, xv.type.element,
-                                       sig.args[k].dtype.bitwidth // 8))
+            vectors.append(_load_vector(builder, ptr, lanes, xv.type.element,
+                                        sig.args[k].dtype.bitwidth // 8))
+    elif params == "split":
+        split = context.cast(builder, args[9], sig.args[9], types.int32)
+        lane = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(lanes)))
+        first = builder.icmp_signed("<", lane, _broadcast(builder, split, lanes))
+        vectors = [builder.select(first, _broadcast(builder, args[k], lanes),
+                                  _broadcast(builder, args[k + 3], lanes)) for k in (3, 4, 5)]
     else:
-        params = [_broadcast(builder, args[k], lanes) for k in (3, 4, 5)]
-    mean, a, b = params
+        vectors = [_broadcast(builder, args[k], lanes) for k in (3, 4, 5)]
+    mean, a, b = vectors
 
     yv = builder.fadd(builder.fmul(builder.fsub(xv, mean), a), b)
     if narrow is not None:
@@ -132,7 +140,7 @@ def stream_scale_shift(typingctx, x, y, index, mean, a, b):
         return None
 
     def codegen(context, builder, sig, args):
-        return _emit(context, builder, sig, args, params_from_tables=False)
+        return _emit(context, builder, sig, args, "scalars")
 
     return types.void(x, y, index, mean, a, b), codegen
 
@@ -150,9 +158,24 @@ def stream_scale_shift_tables(typingctx, x, y, index, mean, a, b, phase):
         return None
 
     def codegen(context, builder, sig, args):
-        return _emit(context, builder, sig, args, params_from_tables=True)
+        return _emit(context, builder, sig, args, "tables")
 
     return types.void(x, y, index, mean, a, b, phase), codegen
+
+
+@intrinsic
+def stream_scale_shift_split(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split):
+    """Like :func:`stream_scale_shift` for a vector that straddles two channels'
+    planes: lanes ``< split`` use ``(mean0, a0, b0)``, the others ``(mean1, a1, b1)``."""
+    if not _check(x, y, index, (mean0, a0, b0, mean1, a1, b1)):
+        return None
+    if not isinstance(split, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return _emit(context, builder, sig, args, "split")
+
+    return types.void(x, y, index, mean0, a0, b0, mean1, a1, b1, split), codegen
 
 
 @intrinsic
