@@ -77,7 +77,7 @@ def cmd_info(args):
         from normkernels.kernels.scale_shift import scale_shift_periodic_parallel
         x = np.zeros(1 << 16, np.float32)
         p = np.zeros(512, np.float32)
-        scale_shift_periodic_parallel(x, x, 256, p, p, p, False)
+        scale_shift_periodic_parallel(x, x, 256, p, p, p)
         print(f"threading layer: {numba.threading_layer()}")
     except ValueError:
         print("threading layer: (none initialised)")

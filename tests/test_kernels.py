@@ -116,8 +116,8 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
     cd = np.float64 if dtype == np.float64 else np.float32
     p = np.zeros(512, cd)
     for kernel, args in [
-        (scale_shift.scale_shift_planes_parallel, (x, x.copy(), 4, 1024, p, p, p, True)),
-        (scale_shift.scale_shift_periodic_parallel, (x, x.copy(), 256, p, p, p, True)),
+        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p)),
+        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p)),
     ]:
         asm = _uncached_asm(kernel, *args)
         assert re.search(r"\bvmovnt(ps|pd|dq)\b", asm), kernel.__name__
@@ -135,9 +135,9 @@ def test_import_compiles_nothing():
         assert "numba" not in sys.modules, "import normkernels loaded numba"
         normkernels.batch_normalization  # loads the API, still compiles nothing
         from normkernels.kernels import scale_shift, fold
-        kernels = [scale_shift.scale_shift_planes_serial, scale_shift.scale_shift_planes_parallel,
-                   scale_shift.scale_shift_periodic_serial,
-                   scale_shift.scale_shift_periodic_parallel, fold.scale_over_std]
+        kernels = [getattr(scale_shift, name) for name in dir(scale_shift)
+                   if name.startswith("scale_shift_")] + [fold.scale_over_std]
+        assert len(kernels) == 7
         print(sum(len(k.signatures) for k in kernels))
     """)
     assert result.stdout.strip() == "0"
@@ -159,3 +159,25 @@ def test_cache_stamp_covers_every_kernel_source():
     """An edit to elements.py or streaming.py must invalidate cached kernels."""
     locator = scale_shift.scale_shift_planes_serial._cache._impl.locator
     assert type(locator).__name__.startswith("PackageStamped")
+
+
+@pytest.mark.parametrize("scale", [2.0**-100, 2.0**-20, 0.7], ids=["2^-100", "2^-20", "0.7"])
+@pytest.mark.parametrize("case", ["planes", "nxc"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_subnormal_results_round_exactly(rng, dtype, case, scale):
+    """Scaled-down values land in the subnormal range of float32 (bfloat16's vector
+    path then leaves fptrunc, which flushes them, for the exact bit path) and of
+    float16: every path must round them like the NumPy twin."""
+    shape, data_format = KERNEL_CASES[case]
+    C = shape[1] if data_format == "NCX" else shape[-1]
+    X = wide_range_tensor(rng, shape, dtype)
+    zeros, ones = np.zeros(C), np.ones(C)
+    pdt = np.float64 if dtype == np.float64 else np.float32
+    params = tuple(p.astype(pdt) for p in (ones * scale, zeros, zeros, ones))
+    expected = reference.batch_normalization(X, *params, data_format=data_format, epsilon=0.0)
+    if dtype != np.float64 and scale < 2.0**-50:  # the case is really exercised
+        values = expected.astype(np.float64)
+        assert ((values != 0) & (np.abs(values) < np.finfo(np.float32).tiny)).sum() > 1000 \
+            or dtype == np.float16
+    for path in dispatch.PATHS:
+        assert_identical(run_path(X, params, data_format, path), expected)

@@ -21,15 +21,11 @@ PATHS = ("serial", "parallel", "streaming")
 # many elements one thread wins (measured crossover 32K-64K elements).
 SERIAL_MAX_ELEMENTS = 1 << 15
 
-# Streaming stores pay once Y no longer fits in cache: (32,64,112,112) f32 (51 MB of
-# Y) took 6.3 ms streaming against 7.1 ms cached (cold caches, 2 threads); (4096,1024)
-# f32 (16 MB) took 1.0-1.4 ms streaming against 0.6-0.9 ms cached.
+# Streaming stores pay once Y is a few MB: with cold caches (32,64,112,112) f32 took
+# 5.5 ms streaming against 6.6 ms with ordinary stores, f16 3.3 against 3.5, bf16 4.4
+# against 4.6; (4096,1024) f32 (16 MB) 1.0 against 1.2; and warm, (1024,1024) f32
+# (4 MB) 0.135 against 0.153 ms. Below 4 MB Y may well still be in cache.
 STREAMING_MIN_BYTES = 4 << 20
-# ... and only for 32- and 64-bit elements. For 16-bit Y they lost on the same shape:
-# float16 4.1 ms streaming against 3.9 ms, bfloat16 6.0 ms against 4.5 ms (the
-# bfloat16 rounding is ALU-heavy and the vpmovdw-to-memory form of the cached loop
-# is cheaper than narrowing in registers before a vmovntps).
-STREAMING_MIN_ITEMSIZE = 4
 
 # Loop choice for NCX, measured with cold caches on float32 (ms; 2 threads; "NT":
 # streaming stores, the planes loop crossing plane boundaries inside vectors):
@@ -43,7 +39,6 @@ STREAMING_MIN_ITEMSIZE = 4
 # loop needs S >= 32: a 64-byte vector then straddles at most two planes). Shorter
 # runs use periodic tables while they stay in L2; planes of 1 element (2-D input as
 # planes) ran 20x slower than periodic.
-PLANES_MIN_SPATIAL = 32
 TABLES_MAX_BYTES = 3 << 19  # 1.5 MB
 
 # Parameter tables cover a whole number of periods of at least this many elements,
@@ -52,6 +47,10 @@ TABLES_MAX_BYTES = 3 << 19  # 1.5 MB
 # at any phase reads inside the table.
 MIN_TABLE_PERIOD = 256
 TABLE_PAD = 32
+# Parallel paths use longer tables: (32,112,112,64) bfloat16 NXC streaming ran 4.6 ms
+# with 4096-entry tables against 7.0 ms with 256 (float32: no clear difference). The
+# serial path keeps them short: building them is per-call work.
+MIN_TABLE_PERIOD_PARALLEL = 4096
 
 
 @functools.cache
@@ -69,23 +68,22 @@ def choose_path(y):
     """The path for writing ``y`` (a storage array): serial, parallel or streaming."""
     if y.size <= SERIAL_MAX_ELEMENTS:
         return "serial"
-    if (y.nbytes >= STREAMING_MIN_BYTES and y.itemsize >= STREAMING_MIN_ITEMSIZE
-            and y.flags.aligned and streaming_supported()):
+    if y.nbytes >= STREAMING_MIN_BYTES and y.flags.aligned and streaming_supported():
         return "streaming"
     return "parallel"
 
 
 def use_planes(C, S, itemsize):
     """Planes loop (else periodic) for runs of ``S`` elements per channel."""
-    if S >= PLANES_MIN_SPATIAL:
+    if S >= loops.MIN_PLANE:
         return True
     return S > 1 and 3 * C * S * itemsize > TABLES_MAX_BYTES
 
 
-def parameter_tables(C, S, mean, a, b):
+def parameter_tables(C, S, mean, a, b, min_period=MIN_TABLE_PERIOD):
     """Per-element parameter tables of one period (``P`` elements) plus padding."""
     period = C * S
-    period *= -(-MIN_TABLE_PERIOD // period)
+    period *= -(-min_period // period)
     channel = (np.arange(period + TABLE_PAD) // S) % C
     return period, mean[channel], a[channel], b[channel]
 
@@ -115,16 +113,19 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     elif path == "streaming" and not (streaming_supported() and ys.flags.aligned):
         path = "parallel"
-    streaming = path == "streaming"
     if use_planes(C, S, mean.itemsize):
         if path == "serial":
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
+        elif path == "streaming" and S >= loops.MIN_PLANE:
+            loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b)
         else:
-            streaming = streaming and S >= PLANES_MIN_SPATIAL
-            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, streaming)
+            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b)
         return
-    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
+    min_period = MIN_TABLE_PERIOD if path == "serial" else MIN_TABLE_PERIOD_PARALLEL
+    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b, min_period)
     if path == "serial":
         loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
+    elif path == "streaming":
+        loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t)
     else:
-        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t, streaming)
+        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t)

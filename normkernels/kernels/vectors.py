@@ -1,0 +1,242 @@
+"""One 64-byte vector of ``y = (x - mean) * a + B``, written in LLVM IR.
+
+Every vector loop of the kernels runs through these intrinsics: load one 64-byte
+group of output elements' worth of X (16 float32, 8 float64 or 32 16-bit values),
+widen to the compute dtype, compute ``(x - mean) * a + B`` with plain
+``fsub``/``fmul``/``fadd`` (no fast-math, no FMA contraction: bit-for-bit the scalar
+arithmetic of :mod:`normkernels.kernels.elements`), narrow, and store the 64 bytes,
+either ordinarily or with ``!nontemporal`` (a streaming store: LLVM never emits one
+from a plain Numba store). The per-channel parameters come as scalars, as tables
+indexed by a phase, or split between two channels at a lane (a vector that straddles
+two planes).
+
+Why IR rather than Numba loops: streaming stores need it, and bfloat16 narrowing does
+too. Narrowing bfloat16 on the bits (round to nearest even, NaN kept quiet) costs
+about eight vector instructions per 16 lanes, which made bfloat16 compute-bound on
+this machine's two vCPUs (5.1 ms against 3.4 ms for a copy of the bytes). Here it is
+LLVM's ``fptrunc`` to ``bfloat`` (one ``vcvtneps2bf16`` with AVX512-BF16), which
+treats subnormal inputs as zero; a vector holding any float32 subnormal takes the
+exact bit path instead (a branch that is essentially never taken).
+
+Stores: the 16-bit results are bitcast to float vectors and passed through an empty
+inline-asm barrier before the store. Without it LLVM folded the float16 narrowing into
+the store (``vcvtps2ph`` to memory) and silently dropped the non-temporal hint.
+``tests/test_kernels.py`` checks the assembly of every dtype's streaming kernel for
+``vmovnt``. Non-temporal stores are weakly ordered: each worker calls
+:func:`store_fence` (``sfence``) after its last streaming store and before the
+parallel region ends, so the caller sees every element once the kernel returns.
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
+
+from normkernels.kernels.elements import narrow_bf16, narrow_f16, widen_bf16, widen_f16
+
+VECTOR_BYTES = 64
+
+_F32 = ir.FloatType()
+_F64 = ir.DoubleType()
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+
+
+class _BFloat(ir.types.Type):
+    """LLVM's ``bfloat`` type (llvmlite.ir has none)."""
+
+    null = "0.0"
+
+    def __eq__(self, other):
+        return isinstance(other, _BFloat)
+
+    def __hash__(self):
+        return hash(_BFloat)
+
+    def _to_string(self):
+        return "bfloat"
+
+
+def _narrow_bf16_vector(builder, value, count):
+    """float32 vector -> bfloat16 bits: ``fptrunc``, unless it flushed a lane to zero.
+
+    ``fptrunc`` (``vcvtneps2bf16``) turns float32 subnormals into zeros: when any lane
+    came out +-0 from a nonzero input, the vector takes the exact bit path. Checking
+    the 16-bit results (one and, two compares per 32 lanes) measured cheaper than
+    classifying the float32 inputs.
+    """
+    fast = builder.bitcast(builder.fptrunc(value, ir.VectorType(_BFloat(), count)),
+                           ir.VectorType(_I16, count))
+    magnitude = builder.and_(fast, ir.Constant(fast.type, [ir.Constant(_I16, 0x7FFF)] * count))
+    zero_out = builder.icmp_unsigned("==", magnitude, ir.Constant(fast.type, None))
+    nonzero_in = builder.fcmp_unordered("!=", value, ir.Constant(value.type, None))
+    flushed = builder.bitcast(builder.and_(zero_out, nonzero_in), ir.IntType(count))
+    any_flushed = builder.icmp_unsigned("!=", flushed, ir.Constant(ir.IntType(count), 0))
+    start = builder.block
+    with builder.if_then(any_flushed, likely=False):
+        exact = narrow_bf16(builder, value, count)
+        exact_block = builder.block
+    result = builder.phi(fast.type)
+    result.add_incoming(fast, start)
+    result.add_incoming(exact, exact_block)
+    return result
+
+
+def _storage_codec(dtype):
+    """(lanes, element IR type, widen, narrow) of one 64-byte vector of ``dtype``."""
+    if dtype == types.float32:
+        return 16, _F32, None, None
+    if dtype == types.float64:
+        return 8, _F64, None, None
+    if dtype == types.uint16:
+        return 32, _I16, widen_f16, narrow_f16
+    if dtype == types.int16:
+        return 32, _I16, widen_bf16, _narrow_bf16_vector
+    return None
+
+
+def _element_ptr(context, builder, arrty, arr, index):
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.gep(data, [index])
+
+
+def _load_vector(builder, ptr, lanes, elem, align):
+    vty = ir.VectorType(elem, lanes)
+    return builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align)
+
+
+def _broadcast(builder, scalar, lanes):
+    vty = ir.VectorType(scalar.type, lanes)
+    undef = ir.Constant(vty, ir.Undefined)
+    first = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
+    zeros = ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
+    return builder.shuffle_vector(first, undef, zeros)
+
+
+def _parameters(context, builder, sig, args, mode, lanes, elem):
+    """The (mean, a, b) vectors for one of the three parameter modes."""
+    if mode == "tables":
+        phase = context.cast(builder, args[6], sig.args[6], types.intp)
+        return [
+            _load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], phase),
+                         lanes, elem, sig.args[k].dtype.bitwidth // 8)
+            for k in (3, 4, 5)
+        ]
+    if mode == "split":
+        split = context.cast(builder, args[9], sig.args[9], types.int32)
+        lane = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
+        first = builder.icmp_signed("<", lane, _broadcast(builder, split, lanes))
+        return [builder.select(first, _broadcast(builder, args[k], lanes),
+                               _broadcast(builder, args[k + 3], lanes)) for k in (3, 4, 5)]
+    return [_broadcast(builder, args[k], lanes) for k in (3, 4, 5)]
+
+
+def _store(context, builder, yty, y, index, value, nontemporal):
+    """Store 64 bytes of results at ``y[index]`` (64-byte aligned when streaming)."""
+    ptr = _element_ptr(context, builder, yty, y, index)
+    if not nontemporal:
+        builder.store(value, builder.bitcast(ptr, value.type.as_pointer()),
+                      align=yty.dtype.bitwidth // 8)
+        return
+    piece = ir.VectorType(_F64, 4) if yty.dtype == types.float64 else ir.VectorType(_F32, 8)
+    pieces = VECTOR_BYTES // 32
+    value = builder.bitcast(value, ir.VectorType(piece.element, piece.count * pieces))
+    ptr = builder.bitcast(ptr, piece.as_pointer())
+    barrier = ir.InlineAsm(ir.FunctionType(piece, [piece]), "", "=x,0")
+    hint = builder.module.add_metadata([ir.Constant(_I32, 1)])
+    undef = ir.Constant(value.type, ir.Undefined)
+    for k in range(pieces):
+        lanes = ir.Constant(ir.VectorType(_I32, piece.count),
+                            [k * piece.count + j for j in range(piece.count)])
+        part = builder.call(barrier, [builder.shuffle_vector(value, undef, lanes)])
+        store = builder.store(part, builder.gep(ptr, [ir.Constant(_I32, k)]), align=32)
+        store.set_metadata("nontemporal", hint)
+
+
+def _codegen(mode, nontemporal):
+    def codegen(context, builder, sig, args):
+        xty, yty = sig.args[0], sig.args[1]
+        index = context.cast(builder, args[2], sig.args[2], types.intp)
+        lanes, elem, widen, narrow = _storage_codec(yty.dtype)
+        xv = _load_vector(builder, _element_ptr(context, builder, xty, args[0], index),
+                          lanes, elem, xty.dtype.bitwidth // 8)
+        if widen is not None:
+            xv = widen(builder, xv, lanes)
+        mean, a, b = _parameters(context, builder, sig, args, mode, lanes, xv.type.element)
+        yv = builder.fadd(builder.fmul(builder.fsub(xv, mean), a), b)
+        if narrow is not None:
+            yv = narrow(builder, yv, lanes)
+        _store(context, builder, yty, args[1], index, yv, nontemporal)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _arrays_ok(x, y, index):
+    return (isinstance(x, types.Array) and isinstance(y, types.Array) and x.dtype == y.dtype
+            and _storage_codec(y.dtype) is not None and isinstance(index, types.Integer))
+
+
+def _compute_type(y):
+    return types.float64 if y.dtype == types.float64 else types.float32
+
+
+def _scalars_intrinsic(nontemporal):
+    def typer(typingctx, x, y, index, mean, a, b):
+        if not _arrays_ok(x, y, index) or any(t != _compute_type(y) for t in (mean, a, b)):
+            return None
+        return types.void(x, y, index, mean, a, b), _codegen("scalars", nontemporal)
+
+    return intrinsic(typer)
+
+
+def _tables_intrinsic(nontemporal):
+    def typer(typingctx, x, y, index, mean, a, b, phase):
+        tables = (mean, a, b)
+        if not _arrays_ok(x, y, index) or not isinstance(phase, types.Integer):
+            return None
+        if not all(isinstance(t, types.Array) and t.dtype == _compute_type(y) for t in tables):
+            return None
+        return types.void(x, y, index, mean, a, b, phase), _codegen("tables", nontemporal)
+
+    return intrinsic(typer)
+
+
+def _split_intrinsic(nontemporal):
+    def typer(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split):
+        scalars = (mean0, a0, b0, mean1, a1, b1)
+        if not _arrays_ok(x, y, index) or not isinstance(split, types.Integer):
+            return None
+        if any(t != _compute_type(y) for t in scalars):
+            return None
+        return (types.void(x, y, index, *scalars, split),
+                _codegen("split", nontemporal))
+
+    return intrinsic(typer)
+
+
+# ``vector_*`` store ordinarily (any alignment); ``stream_*`` store non-temporally and
+# need ``y[index]`` 64-byte aligned. Signatures:
+#   *_scale_shift(x, y, index, mean, a, b)                   scalar parameters
+#   *_scale_shift_tables(x, y, index, mean, a, b, phase)     tables[phase:phase+L]
+#   *_scale_shift_split(x, y, index, m0, a0, b0, m1, a1, b1, split)
+#       lanes < split use (m0, a0, b0), the others (m1, a1, b1)
+vector_scale_shift = _scalars_intrinsic(False)
+stream_scale_shift = _scalars_intrinsic(True)
+vector_scale_shift_tables = _tables_intrinsic(False)
+stream_scale_shift_tables = _tables_intrinsic(True)
+vector_scale_shift_split = _split_intrinsic(False)
+stream_scale_shift_split = _split_intrinsic(True)
+
+
+@intrinsic
+def store_fence(typingctx):
+    """``sfence``: order this thread's streaming stores before what follows."""
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.VoidType(), [])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.sse.sfence")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
