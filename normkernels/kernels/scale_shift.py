@@ -147,15 +147,18 @@ def _planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
     c = plane % C
     boundary = (plane + 1) * S
     while i < body_end:
-        inside = boundary - i
-        if inside >= width:
-            one(x, y, i, mean[c], a[c], b[c])
-        else:
-            c_next = c + 1 if c + 1 < C else 0
-            split(x, y, i, mean[c], a[c], b[c], mean[c_next], a[c_next], b[c_next], inside)
-        i += width
+        # the vectors that lie inside the current plane, in a tight loop
+        inner_end = min(body_end, i + (boundary - i) // width * width)
+        m, ac, bc = mean[c], a[c], b[c]
+        for j in range(i, inner_end, width):
+            one(x, y, j, m, ac, bc)
+        i = inner_end
+        c_next = c + 1 if c + 1 < C else 0
+        if i < boundary and i < body_end:  # one vector straddles two planes
+            split(x, y, i, m, ac, bc, mean[c_next], a[c_next], b[c_next], boundary - i)
+            i += width
         if i >= boundary:
-            c = c + 1 if c + 1 < C else 0
+            c = c_next
             boundary += S
     _planes_scalar(x, y, body_end, hi, C, S, mean, a, b)
 
