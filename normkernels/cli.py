@@ -93,6 +93,7 @@ def cmd_warmup(args):
     from normkernels.ops.common import fold_parameters
 
     rows = []
+    start = time.perf_counter()
     for name, dtype in DTYPES.items():
         for label, (shape, S) in {"planes": ((2, 3, 64), 64), "periodic": ((2, 3, 4), 4)}.items():
             x = np.zeros(shape, dtype)
@@ -102,6 +103,7 @@ def cmd_warmup(args):
                 m, a, b = fold_parameters(p, p, p, p, 1e-5, dtype)
                 dispatch.scale_shift(x, np.empty_like(x), 3, S, m, a, b, path=path)
                 rows.append([name, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
+    rows.append(["all", "", "", f"{(time.perf_counter() - start) * 1e3:.0f}"])
     print(_format_table(rows, ["dtype", "loop", "path", "ms (compile or cache load)"]))
     return 0
 
