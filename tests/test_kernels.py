@@ -156,7 +156,7 @@ def test_kernels_are_cached_in_numba_cache_dir(tmp_path):
 
 
 def test_cache_stamp_covers_every_kernel_source():
-    """An edit to elements.py or streaming.py must invalidate cached kernels."""
+    """An edit to elements.py or vectors.py must invalidate cached kernels."""
     locator = scale_shift.scale_shift_planes_serial._cache._impl.locator
     assert type(locator).__name__.startswith("PackageStamped")
 

@@ -3,7 +3,7 @@
 Kernels are compiled lazily, on first call per signature, with ``cache=True``; the
 cache lives in ``__pycache__`` beside the sources or, when ``NUMBA_CACHE_DIR`` is set,
 there (Numba's own setting). Numba checks only the stamp of the file that defines a
-kernel, so an edit to a helper it calls (``elements.py``, ``streaming.py``) would
+kernel, so an edit to a helper it calls (``elements.py``, ``vectors.py``) would
 otherwise leave a stale binary in use. Kernel modules import this module first; it
 registers locators whose source stamp covers every file of this package.
 

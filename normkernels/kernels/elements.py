@@ -15,16 +15,19 @@ float64    float64       float64
 ``load(arr, i)`` returns element ``i`` widened to the compute dtype and
 ``store(arr, i, v)`` narrows ``v`` (round to nearest even) into element ``i``. Kernels
 are written once against these two functions and Numba specialises them per storage
-dtype, so one kernel source serves all four dtypes.
+dtype, so one kernel source serves all four dtypes. The kernels' scalar work (heads
+and tails of vector loops, short planes) goes through these; the 64-byte vector
+bodies in :mod:`normkernels.kernels.vectors` reuse the IR builders below.
 
 Conversions, and why they look like this (measured on this machine, Xeon SPR):
 
 * float16 goes through LLVM's ``half`` type (``fpext``/``fptrunc``): the x86 backend
   emits ``vcvtph2ps``/``vcvtps2ph`` (F16C), exact widening and correctly rounded
-  narrowing, vectorised by the loop vectoriser, at full memory bandwidth.
+  narrowing.
 * bfloat16 is done on the bits. Widening is exact (``bits << 16``). Narrowing rounds to
   nearest even on the float32 bits and keeps NaN a (quiet) NaN. LLVM's own ``bfloat``
-  truncation was rejected: it flushed subnormals on this target.
+  truncation (``vcvtneps2bf16``) flushes float32 subnormals to zero, so it is used only
+  in the vector bodies, behind a check that sends subnormal lanes here.
 """
 
 from llvmlite import ir
@@ -48,7 +51,7 @@ def _vec(elem, count):
 
 
 # LLVM IR builders shared by the scalar intrinsics here and the vector intrinsics in
-# streaming.py. ``count`` is 1 for a scalar, else the vector length.
+# vectors.py. ``count`` is 1 for a scalar, else the vector length.
 
 
 def widen_f16(builder, bits, count=1):
