@@ -79,14 +79,17 @@ def normkernels_call(workload, X, params, out):
         X, *params, epsilon=1e-5, data_format=workload.data_format, out=out)
 
 
-def numpy_call(workload, X, params):
-    """The formula in NumPy, parameters broadcast along the channel axis."""
+def numpy_call(workload, X, params, dtype=None):
+    """The formula in NumPy in X's dtype (or ``dtype``), parameters broadcast along
+    the channel axis."""
+    dtype = X.dtype if dtype is None else np.dtype(dtype)
     shape = [1] * X.ndim
     shape[1 if workload.data_format == "NCX" or X.ndim <= 2 else -1] = -1
-    scale, B, mean, var = (p.astype(X.dtype).reshape(shape) for p in params)
+    scale, B, mean, var = (p.astype(dtype).reshape(shape) for p in params)
+    x = X if dtype == X.dtype else X.astype(dtype)
 
     def run():
-        return (X - mean) / np.sqrt(var + X.dtype.type(1e-5)) * scale + B
+        return (x - mean) / np.sqrt(var + dtype.type(1e-5)) * scale + B
 
     return run
 
@@ -174,6 +177,7 @@ def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_eac
 
 
 def max_relative_error(a, b):
+    """max |a - b| / max(|b|, 1) (``b`` the float64 reference)."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     scale = np.maximum(np.abs(b), 1.0)
@@ -214,7 +218,10 @@ def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
         "pct_of_copy": 100.0 * medians["copy"] / medians["normkernels"],
         "pct_of_axpb": 100.0 * medians["axpb"] / medians["normkernels"],
     }
+    exact = numpy_call(workload, X, params, np.float64)()
+    result["max_rel_err"] = {"normkernels": max_relative_error(out, exact)}
     if numpy_baseline:
         result["numpy_over_normkernels"] = medians["numpy"] / medians["normkernels"]
-        result["numpy_max_rel_err"] = max_relative_error(numpy_call(workload, X, params)(), out)
+        result["max_rel_err"]["numpy"] = max_relative_error(numpy_call(workload, X, params)(),
+                                                            exact)
     return result

@@ -27,6 +27,8 @@ the store (``vcvtps2ph`` to memory) and silently dropped the non-temporal hint.
 parallel region ends, so the caller sees every element once the kernel returns.
 """
 
+import functools
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -57,22 +59,59 @@ class _BFloat(ir.types.Type):
         return "bfloat"
 
 
+@functools.cache
+def _has_avx512dq():
+    from llvmlite import binding
+
+    return bool(binding.get_host_cpu_features().get("avx512dq", False))
+
+
+def _subnormal_lanes(builder, value, count):
+    """<count x i1>: which float32 lanes of ``value`` are subnormal.
+
+    ``llvm.is.fpclass`` is portable but LLVM lowered it to three integer instructions
+    per 16 lanes; with AVX512-DQ one ``vfpclassps`` does it.
+    """
+    mask_type = ir.VectorType(ir.IntType(1), count)
+    if count % 16 or not _has_avx512dq():
+        fpclass = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(mask_type, [value.type, _I32]),
+            f"llvm.is.fpclass.v{count}f32")
+        return builder.call(fpclass, [value, ir.Constant(_I32, 0x90)])  # +-subnormal
+    v16 = ir.VectorType(_F32, 16)
+    m16 = ir.VectorType(ir.IntType(1), 16)
+    fpclass = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(m16, [v16, _I32]), "llvm.x86.avx512.fpclass.ps.512")
+    undef = ir.Constant(value.type, ir.Undefined)
+    masks = []
+    for k in range(count // 16):
+        lanes = ir.Constant(ir.VectorType(_I32, 16), list(range(16 * k, 16 * k + 16)))
+        part = builder.shuffle_vector(value, undef, lanes)
+        masks.append(builder.call(fpclass, [part, ir.Constant(_I32, 0x20)]))  # denormal
+    mask = masks[0]
+    while len(masks) > 1:  # concatenate pairs of masks
+        joined = []
+        for lo, hi in zip(masks[::2], masks[1::2], strict=True):
+            n = lo.type.count
+            both = ir.Constant(ir.VectorType(_I32, 2 * n), list(range(2 * n)))
+            joined.append(builder.shuffle_vector(lo, hi, both))
+        masks = joined
+        mask = masks[0]
+    return mask
+
+
 def _narrow_bf16_vector(builder, value, count):
     """float32 vector -> bfloat16 bits: ``fptrunc``, unless a lane is subnormal.
 
     ``fptrunc`` (``vcvtneps2bf16``) turns float32 subnormals into zeros; a vector with
-    any subnormal lane (``llvm.is.fpclass``: one ``vfpclassps`` per 16 lanes) takes
-    the exact bit path. Checking the 16-bit results for flushed zeros instead cost
-    about ten instructions per 32 lanes.
+    any subnormal lane takes the exact bit path. Checking the 16-bit results for
+    flushed zeros instead cost about ten instructions per 32 lanes; the fpclass test
+    costs three. In L1, one thread: 4.7 Gelem/s with the zero check, 5.9 with fpclass
+    (float16: 7.2).
     """
     fast = builder.bitcast(builder.fptrunc(value, ir.VectorType(_BFloat(), count)),
                            ir.VectorType(_I16, count))
-    mask_type = ir.VectorType(ir.IntType(1), count)
-    fpclass = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(mask_type, [value.type, _I32]),
-        f"llvm.is.fpclass.v{count}f32")
-    subnormal = builder.call(fpclass, [value, ir.Constant(_I32, 0x90)])  # +-subnormal
-    flags = builder.bitcast(subnormal, ir.IntType(count))
+    flags = builder.bitcast(_subnormal_lanes(builder, value, count), ir.IntType(count))
     any_subnormal = builder.icmp_unsigned("!=", flags, ir.Constant(ir.IntType(count), 0))
     start = builder.block
     with builder.if_then(any_subnormal, likely=False):
