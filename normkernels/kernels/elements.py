@@ -82,48 +82,26 @@ def narrow_bf16(builder, value, count=1):
     return builder.trunc(builder.select(is_nan, quiet_nan, rounded), _vec(_I16, count))
 
 
-@intrinsic
-def f16_to_f32(typingctx, bits):
-    if bits != types.uint16:
-        return None
+def _scalar_conversion(source, target, build):
+    """A Numba intrinsic converting one ``source`` scalar to ``target`` with
+    ``build(builder, value)``."""
 
-    def codegen(context, builder, sig, args):
-        return widen_f16(builder, args[0])
+    def typer(typingctx, value):
+        if value != source:
+            return None
 
-    return types.float32(types.uint16), codegen
+        def codegen(context, builder, sig, args):
+            return build(builder, args[0])
 
+        return target(source), codegen
 
-@intrinsic
-def f32_to_f16(typingctx, value):
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return narrow_f16(builder, args[0])
-
-    return types.uint16(types.float32), codegen
+    return intrinsic(typer)
 
 
-@intrinsic
-def bf16_to_f32(typingctx, bits):
-    if bits != types.int16:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return widen_bf16(builder, args[0])
-
-    return types.float32(types.int16), codegen
-
-
-@intrinsic
-def f32_to_bf16(typingctx, value):
-    if value != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return narrow_bf16(builder, args[0])
-
-    return types.int16(types.float32), codegen
+f16_to_f32 = _scalar_conversion(types.uint16, types.float32, widen_f16)
+f32_to_f16 = _scalar_conversion(types.float32, types.uint16, narrow_f16)
+bf16_to_f32 = _scalar_conversion(types.int16, types.float32, widen_bf16)
+f32_to_bf16 = _scalar_conversion(types.float32, types.int16, narrow_bf16)
 
 
 def load(arr, i):
