@@ -236,3 +236,18 @@ def test_opset_above_15_uses_version_15(rng):
     params = random_params(rng, 3)
     assert_identical(nk.batch_normalization(X, *params, opset=22),
                      nk.batch_normalization(X, *params, opset=15))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_read_only_and_unaligned_inputs(rng, dtype):
+    """Buffers from np.frombuffer are read-only and may be misaligned for the dtype."""
+    X = random_tensor(rng, (2, 3, 40, 41), dtype)
+    params = random_params(rng, 3, (dtype,) * 4)
+    expected = nk.batch_normalization(X, *params)
+    read_only = X.copy()
+    read_only.flags.writeable = False
+    assert_identical(nk.batch_normalization(read_only, *params), expected)
+    raw = np.zeros(X.nbytes + 1, np.uint8)
+    unaligned = np.frombuffer(raw[1:].data, dtype=dtype).reshape(X.shape)
+    raw[1:] = X.view(np.uint8).reshape(-1)
+    assert_identical(nk.batch_normalization(unaligned, *params), expected)

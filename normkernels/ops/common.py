@@ -41,8 +41,11 @@ def as_array(name, value):
 
 def check_dtype(op, name, arr, allowed):
     if arr.dtype not in allowed:
+        native = arr.dtype.newbyteorder("=")
+        hint = (f" (non-native byte order: convert with .astype({native.name!r}))"
+                if native in allowed else "")
         raise TypeError(
-            f"{op}: {name} has dtype {arr.dtype}; allowed: {dtype_names(allowed)}"
+            f"{op}: {name} has dtype {arr.dtype}; allowed: {dtype_names(allowed)}{hint}"
         )
 
 
