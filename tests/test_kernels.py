@@ -116,8 +116,8 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
     cd = np.float64 if dtype == np.float64 else np.float32
     p = np.zeros(512, cd)
     for kernel, args in [
-        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p)),
-        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p)),
+        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024)),
+        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p, 1024)),
     ]:
         asm = _uncached_asm(kernel, *args)
         assert re.search(r"\bvmovnt(ps|pd|dq)\b", asm), kernel.__name__

@@ -10,6 +10,7 @@ results, so they only move time.
 import functools
 import platform
 
+import numba
 import numpy as np
 
 from normkernels.kernels import scale_shift as loops
@@ -18,8 +19,9 @@ from normkernels.kernels.storage import storage_view
 PATHS = ("serial", "parallel", "streaming")
 
 # A parallel launch costs about 4 us here and a serial call about 0.5 us: below this
-# many elements one thread wins (measured crossover 32K-64K elements).
-SERIAL_MAX_ELEMENTS = 1 << 15
+# many elements one thread wins. Measured (f32, in cache, serial / parallel us):
+# 32K 4.2 / 7.6, 64K 8.8 / 9.6, 128K 16.5 / 13.8, 256K 38.9 / 17.6.
+SERIAL_MAX_ELEMENTS = 1 << 16
 
 # Streaming stores pay once Y is a few MB: with cold caches (32,64,112,112) f32 took
 # 5.5 ms streaming against 6.6 ms with ordinary stores, f16 3.3 against 3.5, bf16 4.4
@@ -73,6 +75,14 @@ def choose_path(y):
     return "parallel"
 
 
+def block_size(n):
+    """Elements per parallel work item for ``n`` elements: BLOCK_ELEMENTS, or less so
+    that each thread gets about four blocks (a multiple of 64 elements)."""
+    per_thread = -(-n // (4 * numba.get_num_threads()))
+    block = -(-per_thread // 64) * 64
+    return min(loops.BLOCK_ELEMENTS, max(loops.MIN_BLOCK_ELEMENTS, block))
+
+
 def use_planes(C, S, itemsize):
     """Planes loop (else periodic) for runs of ``S`` elements per channel."""
     if S >= loops.MIN_PLANE:
@@ -117,15 +127,17 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
         if path == "serial":
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
         elif path == "streaming" and S >= loops.MIN_PLANE:
-            loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b)
+            loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b, block_size(xs.size))
         else:
-            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b)
+            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, block_size(xs.size))
         return
     min_period = MIN_TABLE_PERIOD if path == "serial" else MIN_TABLE_PERIOD_PARALLEL
     period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b, min_period)
     if path == "serial":
         loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
     elif path == "streaming":
-        loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t)
+        loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t,
+                                             block_size(xs.size))
     else:
-        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t)
+        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t,
+                                            block_size(xs.size))

@@ -50,11 +50,13 @@ from normkernels.kernels.vectors import (
 KERNEL_OPTIONS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 _INLINE = dict(KERNEL_OPTIONS, inline="always")
 
-# Elements per parallel work item: large enough to amortise the scheduling and the
-# sfence, small enough to balance 2-64 threads on the benchmark shapes. A multiple of
-# every vector length. Measured on (32,64,112,112), cold caches, streaming: float16
-# 2.96 ms with 64K-element blocks, 4.36 ms with 16K, 2.84 ms with 256K.
+# Elements per parallel work item (the kernels take it as ``block``, chosen by
+# dispatch.block_size): a multiple of every vector length, large enough to amortise
+# scheduling and the sfence on large tensors. Measured on (32,64,112,112), cold
+# caches, streaming: float16 2.96 ms with 64K-element blocks, 4.36 ms with 16K, 2.84 ms
+# with 256K. Smaller tensors use smaller blocks so that every thread gets work.
 BLOCK_ELEMENTS = 1 << 16
+MIN_BLOCK_ELEMENTS = 1 << 12
 
 # Shortest plane the planes loop takes (the longest vector has 32 lanes).
 MIN_PLANE = 32
@@ -70,7 +72,7 @@ def _elements_to_alignment(y):
 
 
 @njit(**_INLINE)
-def _blocks(y):
+def _blocks(y, block):
     """Parallel work items: ``(first, count)``. Block 0 is ``[0, first + BLOCK)`` and
     block ``k`` starts at ``first + k * BLOCK``, ``first`` being the offset of the first
     64-byte boundary in ``y``: every block but the first starts aligned and every block
@@ -79,13 +81,13 @@ def _blocks(y):
     scalar head and tail: slow for 16-bit types.)"""
     n = y.size
     first = min(n, _elements_to_alignment(y))
-    return first, max(1, (n - first + BLOCK_ELEMENTS - 1) // BLOCK_ELEMENTS)
+    return first, max(1, (n - first + block - 1) // block)
 
 
 @njit(**_INLINE)
-def _block_bounds(blk, first, n):
-    lo = 0 if blk == 0 else first + blk * BLOCK_ELEMENTS
-    return lo, min(n, first + (blk + 1) * BLOCK_ELEMENTS)
+def _block_bounds(blk, first, n, block):
+    lo = 0 if blk == 0 else first + blk * block
+    return lo, min(n, first + (blk + 1) * block)
 
 
 # Scalar loops (heads, tails, and planes shorter than MIN_PLANE) index slices from 0
@@ -217,12 +219,12 @@ def scale_shift_planes_serial(x, y, C, S, mean, a, b):
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_planes_parallel(x, y, C, S, mean, a, b):
+def scale_shift_planes_parallel(x, y, C, S, mean, a, b, block):
     """Parallel :func:`scale_shift_planes_serial`."""
     n = x.size
-    first, n_blocks = _blocks(y)
+    first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
-        lo, hi = _block_bounds(blk, first, n)
+        lo, hi = _block_bounds(blk, first, n, block)
         if S >= MIN_PLANE:
             _planes_range(x, y, lo, hi, C, S, mean, a, b, _vector_one, _vector_split)
         else:
@@ -230,13 +232,13 @@ def scale_shift_planes_parallel(x, y, C, S, mean, a, b):
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_planes_streaming(x, y, C, S, mean, a, b):
+def scale_shift_planes_streaming(x, y, C, S, mean, a, b, block):
     """:func:`scale_shift_planes_parallel` with streaming stores; ``S >= MIN_PLANE``
     and ``y`` aligned to its itemsize."""
     n = x.size
-    first, n_blocks = _blocks(y)
+    first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
-        lo, hi = _block_bounds(blk, first, n)
+        lo, hi = _block_bounds(blk, first, n, block)
         _planes_range(x, y, lo, hi, C, S, mean, a, b, _stream_one, _stream_split)
         store_fence()
 
@@ -248,21 +250,21 @@ def scale_shift_periodic_serial(x, y, P, mean, a, b):
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_periodic_parallel(x, y, P, mean, a, b):
+def scale_shift_periodic_parallel(x, y, P, mean, a, b, block):
     """Parallel :func:`scale_shift_periodic_serial`."""
     n = x.size
-    first, n_blocks = _blocks(y)
+    first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
-        lo, hi = _block_bounds(blk, first, n)
+        lo, hi = _block_bounds(blk, first, n, block)
         _periodic_range(x, y, lo, hi, P, mean, a, b, _vector_tables)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_periodic_streaming(x, y, P, mean, a, b):
+def scale_shift_periodic_streaming(x, y, P, mean, a, b, block):
     """:func:`scale_shift_periodic_parallel` with streaming stores."""
     n = x.size
-    first, n_blocks = _blocks(y)
+    first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
-        lo, hi = _block_bounds(blk, first, n)
+        lo, hi = _block_bounds(blk, first, n, block)
         _periodic_range(x, y, lo, hi, P, mean, a, b, _stream_tables)
         store_fence()
