@@ -49,10 +49,9 @@ TABLES_MAX_BYTES = 3 << 19  # 1.5 MB
 # at any phase reads inside the table.
 MIN_TABLE_PERIOD = 256
 TABLE_PAD = 32
-# Parallel paths use longer tables: (32,112,112,64) bfloat16 NXC streaming ran 4.6 ms
-# with 4096-entry tables against 7.0 ms with 256 (float32: no clear difference). The
-# serial path keeps them short: building them is per-call work.
-MIN_TABLE_PERIOD_PARALLEL = 4096
+# Longer tables were measured and rejected: (32,112,112,64) bfloat16 NXC streaming ran
+# 2.69 ms with 256-entry tables, 2.91 with 1024 and 3.27 with 4096 (float32: 4.7, 4.5,
+# 4.8), and building them is per-call work.
 
 
 @functools.cache
@@ -90,10 +89,10 @@ def use_planes(C, S, itemsize):
     return S > 1 and 3 * C * S * itemsize > TABLES_MAX_BYTES
 
 
-def parameter_tables(C, S, mean, a, b, min_period=MIN_TABLE_PERIOD):
+def parameter_tables(C, S, mean, a, b):
     """Per-element parameter tables of one period (``P`` elements) plus padding."""
     period = C * S
-    period *= -(-min_period // period)
+    period *= -(-MIN_TABLE_PERIOD // period)
     channel = (np.arange(period + TABLE_PAD) // S) % C
     return period, mean[channel], a[channel], b[channel]
 
@@ -131,8 +130,7 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
         else:
             loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, block_size(xs.size))
         return
-    min_period = MIN_TABLE_PERIOD if path == "serial" else MIN_TABLE_PERIOD_PARALLEL
-    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b, min_period)
+    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
     if path == "serial":
         loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
     elif path == "streaming":
