@@ -30,17 +30,15 @@ SERIAL_MAX_ELEMENTS = 1 << 16
 STREAMING_MIN_BYTES = 4 << 20
 
 # Loop choice for NCX, measured with cold caches on float32 (ms; 2 threads; "NT":
-# streaming stores, the planes loop crossing plane boundaries inside vectors):
+# streaming stores; periodic includes building its tables, as every call must):
 #   shape             planes  planes+NT  periodic  periodic+NT  copy
-#   (64,2048,7,7)      1.88     1.49       1.77       1.36      1.44
-#   (32,1024,14,14)    1.48     1.30       2.02       1.55      1.38
-#   (32,512,28,28)     3.01     2.62       4.05       3.15      2.80
-#   (32,128,56,56)     3.11     2.80       4.10       3.21      2.92
-# Periodic needs its parameter tables (3 x C x S entries) built on every call, which
-# costs more than it gains at 7x7, so planes serve every S >= 32 (the streaming planes
-# loop needs S >= 32: a 64-byte vector then straddles at most two planes). Shorter
-# runs use periodic tables while they stay in L2; planes of 1 element (2-D input as
-# planes) ran 20x slower than periodic.
+#   (64,2048,7,7)      1.88     1.58       3.13       2.76      1.54
+#   (32,1024,14,14)    1.60     1.21       4.03       3.48      1.57
+#   (32,512,28,28)     3.18     2.20       7.94       7.08      3.16
+#   (32,128,56,56)     3.23     2.51       7.95       7.03      3.18
+# So planes serve every S >= 32 (the planes loop needs S >= 32: a 64-byte vector then
+# straddles at most two planes). Shorter runs use periodic tables while they stay in
+# L2; planes of 1 element (2-D input as planes) ran 20x slower than periodic.
 TABLES_MAX_BYTES = 3 << 19  # 1.5 MB
 
 # Parameter tables cover a whole number of periods of at least this many elements,
