@@ -13,6 +13,7 @@ import platform
 import numba
 import numpy as np
 
+from normkernels.kernels import moments as reductions
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels.storage import storage_view
 
@@ -137,3 +138,47 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
     else:
         loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t,
                                             block_size(xs.size))
+
+
+# Rows narrower than this are widened to a multiple of C * S columns, so the
+# per-column loop of the rows kernel has something to vectorise (NXC with C = 3).
+MIN_ROW_COLUMNS = 64
+
+
+def moments(x, C, S):
+    """Per-channel ``(count, mean, M2)`` of a C-contiguous tensor (float64, int64),
+    channel ``(i // S) % C`` for flat index ``i``; bitwise independent of threads."""
+    if not x.flags.c_contiguous:
+        raise ValueError("moments: x must be C-contiguous")
+    xs = storage_view(x.reshape(-1))
+    count = np.zeros(C, np.int64)
+    mean = np.zeros(C)
+    m2 = np.zeros(C)
+    if C == 1:
+        S = xs.size  # one channel: the whole tensor is one plane
+    if S >= loops.MIN_PLANE:
+        chunks = -(-S // reductions.PLANE_CHUNK)
+        part_mean = np.empty(xs.size // S * chunks)
+        part_m2 = np.empty_like(part_mean)
+        reductions.plane_partials(xs, S, part_mean, part_m2)
+        reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
+        return count, mean, m2
+    period = C * S
+    width = period * -(-MIN_ROW_COLUMNS // period)
+    wide_rows = xs.size // width
+    _row_moments(xs[:wide_rows * width], width, C, S, count, mean, m2)
+    _row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2)
+    return count, mean, m2
+
+
+def _row_moments(xs, P, C, S, count, mean, m2):
+    n_rows = xs.size // P
+    if n_rows == 0:
+        return
+    tile = min(P, reductions.COLUMN_TILE)
+    rows_per_block = max(reductions.MIN_ROWS_PER_BLOCK, reductions.ROW_BLOCK_ELEMENTS // tile)
+    n_blocks = -(-n_rows // rows_per_block)
+    part_mean = np.empty((n_blocks, P))
+    part_m2 = np.empty((n_blocks, P))
+    reductions.row_partials(xs, P, rows_per_block, part_mean, part_m2)
+    reductions.merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2)

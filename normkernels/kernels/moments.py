@@ -1,0 +1,157 @@
+"""Per-channel moments (count, mean, M2) in one read of X, deterministic.
+
+The layout contract is the one of :mod:`normkernels.kernels.scale_shift`: element
+``i`` of the flat array belongs to channel ``(i // S) % C``. Two kernels:
+
+* **planes** (``S`` large: NCX, and 1-D X as one plane): each fixed-size chunk of a
+  plane is reduced in cache-sized sub-blocks by two passes (sum, then sum of squared
+  deviations from the sub-block mean), and the sub-blocks are merged with Chan's
+  formula. One partial per (plane, chunk).
+* **rows** (``S`` small: NXC and short NCX planes): X is rows of ``P`` columns
+  (``P`` a multiple of ``C * S``); each block of rows is reduced in cache by two
+  passes per column, vectorised across the columns. One partial per (row block,
+  column). Welford's update per row was measured first: 21 ms on (32,112,112,64) f32
+  against 7 ms for two passes (both with variance errors near 3e-14 at mean 1e4).
+
+All arithmetic is float64. The partials are then merged in a fixed order (plane by
+plane, block by block, column by column), and the partition depends only on the
+shape, never on the thread count: the statistics are bitwise identical for any
+``NUMBA_NUM_THREADS``.
+
+Measured alternatives: element-by-element Welford along a plane does not vectorise
+(110 ms on (32,64,112,112) f32, against about 10 ms blocked); a float32 sum and sum of
+squares is useless on data with mean 1e4 and std 1 (cancellation).
+"""
+
+from numba import njit, prange
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.elements import load
+from normkernels.kernels.scale_shift import KERNEL_OPTIONS
+
+# Reductions may be reassociated (vectorised sums); the result then depends on the
+# vector width of the machine, never on the thread count. NaN and Inf still propagate.
+MOMENTS_OPTIONS = dict(KERNEL_OPTIONS, fastmath={"reassoc"})
+_INLINE = dict(MOMENTS_OPTIONS, inline="always")
+
+SUB_BLOCK = 4096  # elements reduced by two passes while in L1
+PLANE_CHUNK = 1 << 16  # elements per parallel work item of the planes kernel
+ROW_BLOCK_ELEMENTS = 1 << 16  # about this many elements per (row block, column tile)
+MIN_ROWS_PER_BLOCK = 16  # bounds the partials to 1/16 of X's elements
+COLUMN_TILE = 4096  # columns per work item, so few wide rows still parallelise
+
+
+@njit(**_INLINE)
+def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
+    """Merge two (count, mean, M2) partials (Chan et al.)."""
+    n = n_a + n_b
+    if n_b == 0:
+        return n_a, mean_a, m2_a
+    if n_a == 0:
+        return n_b, mean_b, m2_b
+    delta = mean_b - mean_a
+    mean = mean_a + delta * (n_b / n)
+    m2 = m2_a + m2_b + delta * delta * (n_a * (n_b / n))
+    return n, mean, m2
+
+
+@njit(**_INLINE)
+def _span(x):
+    """(mean, M2) of a short slice by two passes, float64."""
+    total = 0.0
+    for i in range(x.size):
+        total += float(load(x, i))
+    mean = total / x.size
+    m2 = 0.0
+    for i in range(x.size):
+        d = float(load(x, i)) - mean
+        m2 += d * d
+    return mean, m2
+
+
+@njit(**_INLINE)
+def _chunk(x):
+    """(mean, M2) of a slice, sub-block by sub-block."""
+    n, mean, m2 = 0, 0.0, 0.0
+    for lo in range(0, x.size, SUB_BLOCK):
+        hi = min(x.size, lo + SUB_BLOCK)
+        mean_b, m2_b = _span(x[lo:hi])
+        n, mean, m2 = chan_merge(n, mean, m2, hi - lo, mean_b, m2_b)
+    return mean, m2
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def plane_partials(x, S, part_mean, part_m2):
+    """Partials of every (plane, chunk): ``part_*[p * chunks + k]`` for chunk ``k``
+    of plane ``p`` (``chunks = ceil(S / PLANE_CHUNK)``)."""
+    chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
+    n_items = (x.size // S) * chunks
+    for item in prange(n_items):
+        p = item // chunks
+        lo = p * S + (item % chunks) * PLANE_CHUNK
+        hi = min((p + 1) * S, lo + PLANE_CHUNK)
+        part_mean[item], part_m2[item] = _chunk(x[lo:hi])
+
+
+@njit(**MOMENTS_OPTIONS)
+def merge_planes(part_mean, part_m2, C, S, count, mean, m2):
+    """Merge plane partials into per-channel (count, mean, M2), planes in order."""
+    chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
+    n_planes = part_mean.size // chunks
+    for c in range(C):
+        n, mu, q = 0, 0.0, 0.0
+        for p in range(c, n_planes, C):
+            for k in range(chunks):
+                size = min(PLANE_CHUNK, S - k * PLANE_CHUNK)
+                item = p * chunks + k
+                n, mu, q = chan_merge(n, mu, q, size, part_mean[item], part_m2[item])
+        count[c], mean[c], m2[c] = n, mu, q
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def row_partials(x, P, rows_per_block, part_mean, part_m2):
+    """Partials per (row block, column): ``part_*[b, j]`` for column ``j`` of
+    the rows ``b * rows_per_block ...`` of X viewed as rows of ``P``; work items are
+    (row block, tile of COLUMN_TILE columns)."""
+    n_rows = x.size // P
+    n_blocks = part_mean.shape[0]
+    n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
+    for item in prange(n_blocks * n_tiles):
+        blk = item // n_tiles
+        j0 = (item % n_tiles) * COLUMN_TILE
+        j1 = min(P, j0 + COLUMN_TILE)
+        mean = part_mean[blk, j0:j1]
+        m2 = part_m2[blk, j0:j1]
+        mean[:] = 0.0
+        m2[:] = 0.0
+        first = blk * rows_per_block
+        last = min(n_rows, first + rows_per_block)
+        # two passes over the block while it is in cache: column sums, then squared
+        # deviations from the column means
+        for r in range(first, last):
+            row = x[r * P + j0:r * P + j1]
+            for j in range(row.size):
+                mean[j] += float(load(row, j))
+        inv = 1.0 / (last - first)
+        for j in range(mean.size):
+            mean[j] *= inv
+        for r in range(first, last):
+            row = x[r * P + j0:r * P + j1]
+            for j in range(row.size):
+                d = float(load(row, j)) - mean[j]
+                m2[j] += d * d
+
+
+@njit(**MOMENTS_OPTIONS)
+def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2):
+    """Merge row partials into the per-channel (count, mean, M2) given: blocks in
+    order for each column, then columns in order (column ``j`` is channel
+    ``(j // S) % C``)."""
+    n_blocks, P = part_mean.shape
+    for j in range(P):
+        n, mu, q = 0, 0.0, 0.0
+        for b in range(n_blocks):
+            size = min(rows_per_block, n_rows - b * rows_per_block)
+            n, mu, q = chan_merge(n, mu, q, size, part_mean[b, j], part_m2[b, j])
+        c = (j // S) % C
+        count[c], mean[c], m2[c] = chan_merge(count[c], mean[c], m2[c], n, mu, q)
