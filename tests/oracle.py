@@ -71,3 +71,32 @@ def tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype, mean_roun
             exact = batch_norm(X, scale, B, mean, var, epsilon, data_format)
             tol = tol + ulp(np.abs(exact) + tol, out_dtype)
     return tol
+
+
+def batch_statistics(X, data_format="NCX"):
+    """Per-channel batch mean and population variance in float64, from a channel-major
+    copy (NumPy sums pairwise only along the contiguous axis; summing over outer axes
+    is sequential and was measured 1e-12 off on mean 1e4 / std 1 data)."""
+    x = np.asarray(X).astype(np.float64)
+    if x.ndim == 1:
+        x = x.reshape(-1, 1)
+    axis = 1 if data_format == "NCX" else x.ndim - 1
+    per_channel = np.ascontiguousarray(np.moveaxis(x, axis, 0)).reshape(x.shape[axis], -1)
+    with np.errstate(invalid="ignore"):
+        mean = per_channel.mean(axis=1)
+        dev = per_channel - mean[:, None]
+        # corrected two-pass: the second term removes the rounding of the mean
+        var = (dev * dev).mean(axis=1) - dev.mean(axis=1) ** 2
+    return mean, var
+
+
+def batch_norm_training(X, scale, B, input_mean, input_var, epsilon, momentum,
+                        data_format="NCX"):
+    """ONNX BatchNormalization training mode in float64: Y normalized with the batch
+    statistics, running statistics ``input * momentum + batch * (1 - momentum)``."""
+    mean, var = batch_statistics(X, data_format)
+    Y = batch_norm(X, scale, B, mean, var, epsilon, data_format)
+    f = lambda v: np.asarray(v, dtype=np.float64)  # noqa: E731
+    running_mean = f(input_mean) * momentum + mean * (1 - momentum)
+    running_var = f(input_var) * momentum + var * (1 - momentum)
+    return Y, running_mean, running_var, mean, var

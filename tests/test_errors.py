@@ -62,20 +62,6 @@ def test_parameters_must_be_1d():
         bn(params=params)
 
 
-@pytest.mark.parametrize("kw,match", [
-    ({"training_mode": 1}, "training mode is part of"),
-    ({"opset": 14, "training_mode": 1}, "training mode is part of"),
-    ({"opset": 9}, "number of outputs"),
-    ({"opset": 7}, "number of outputs"),
-    ({"opset": 6}, "training mode is part of"),  # is_test defaults to 0
-    ({"opset": 6, "is_test": 1, "spatial": 0}, "spatial=0"),
-])
-def test_training_not_yet_implemented(kw, match):
-    X = np.zeros((2, 3, 4, 5), F32)
-    with pytest.raises(NotImplementedError, match=match):
-        bn(X=X, **kw)
-
-
 @pytest.mark.parametrize("kw,exc,match", [
     ({"X": np.zeros((2, 4, 3), F64)}, TypeError, "input has dtype float64"),
     ({"params": random_params(np.random.default_rng(0), 3, (F16,) * 4)}, TypeError,

@@ -47,7 +47,7 @@ def wide_range_tensor(rng, shape, dtype):
 
 def run_path(X, params, data_format, path, out=None):
     return bn_spec.batch_normalization(X, *params, data_format=data_format, epsilon=0.0,
-                                       out=out, engine=dispatch.scale_shift, path=path)
+                                       out=out, engine=dispatch, path=path)
 
 
 @pytest.mark.parametrize("case", list(KERNEL_CASES))

@@ -8,6 +8,7 @@ the four storage dtypes, computes in float64 and rounds once into ``a``.
 
 import math
 
+import numpy as np
 from numba import njit
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
@@ -19,4 +20,4 @@ from normkernels.kernels.scale_shift import KERNEL_OPTIONS
 def scale_over_std(scale, var, epsilon, a):
     """``a[c] = scale[c] / sqrt(var[c] + epsilon)`` in float64, rounded into ``a``."""
     for c in range(a.size):
-        a[c] = float(load(scale, c)) / math.sqrt(float(load(var, c)) + epsilon)
+        a[c] = np.float64(load(scale, c)) / math.sqrt(np.float64(load(var, c)) + epsilon)

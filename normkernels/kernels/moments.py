@@ -23,6 +23,7 @@ Measured alternatives: element-by-element Welford along a plane does not vectori
 squares is useless on data with mean 1e4 and std 1 (cancellation).
 """
 
+import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
@@ -55,16 +56,27 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
     return n, mean, m2
 
 
+@njit(**KERNEL_OPTIONS)
+def _deviation(x, i, shift):
+    """``x[i] - shift`` in float64, compiled without fast-math: LLVM inlines it but
+    may not reassociate across it. With ``reassoc`` on the subtraction too, LLVM
+    turned the shifted sum into ``sum(x) - n * shift`` (1e-9 relative errors)."""
+    return np.float64(load(x, i)) - shift
+
+
 @njit(**_INLINE)
 def _span(x):
-    """(mean, M2) of a short slice by two passes, float64."""
+    """(mean, M2) of a short slice by two passes, float64, shifted by the first
+    element: a constant slice then has exactly its value as mean and M2 = 0 (an
+    unshifted float64 sum of n copies of 0.3 is not 0.3 * n)."""
+    shift = np.float64(load(x, 0))
     total = 0.0
     for i in range(x.size):
-        total += float(load(x, i))
-    mean = total / x.size
+        total += _deviation(x, i, shift)
+    mean = shift + total / x.size
     m2 = 0.0
     for i in range(x.size):
-        d = float(load(x, i)) - mean
+        d = np.float64(load(x, i)) - mean
         m2 += d * d
     return mean, m2
 
@@ -108,7 +120,7 @@ def merge_planes(part_mean, part_m2, C, S, count, mean, m2):
         count[c], mean[c], m2[c] = n, mu, q
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def row_partials(x, P, rows_per_block, part_mean, part_m2):
     """Partials per (row block, column): ``part_*[b, j]`` for column ``j`` of
     the rows ``b * rows_per_block ...`` of X viewed as rows of ``P``; work items are
@@ -126,19 +138,20 @@ def row_partials(x, P, rows_per_block, part_mean, part_m2):
         m2[:] = 0.0
         first = blk * rows_per_block
         last = min(n_rows, first + rows_per_block)
-        # two passes over the block while it is in cache: column sums, then squared
-        # deviations from the column means
+        # two passes over the block while it is in cache: column sums (shifted by the
+        # block's first row, see _span), then squared deviations from the means
+        shift = x[first * P + j0:first * P + j1]
         for r in range(first, last):
             row = x[r * P + j0:r * P + j1]
             for j in range(row.size):
-                mean[j] += float(load(row, j))
+                mean[j] += _deviation(row, j, np.float64(load(shift, j)))
         inv = 1.0 / (last - first)
         for j in range(mean.size):
-            mean[j] *= inv
+            mean[j] = np.float64(load(shift, j)) + mean[j] * inv
         for r in range(first, last):
             row = x[r * P + j0:r * P + j1]
             for j in range(row.size):
-                d = float(load(row, j)) - mean[j]
+                d = np.float64(load(row, j)) - mean[j]
                 m2[j] += d * d
 
 

@@ -4,14 +4,19 @@ One :class:`Version` per since-version states what that version accepts: its
 attributes with their schema defaults, its type variables and their dtypes. The
 version that serves a model's opset is the highest since-version at or below it.
 
-Delivered: inference (``training_mode=0`` in 14/15, ``is_test=1`` with
-``spatial=1`` in 1/6). Training mode, opsets 7/9 (whose mode follows the number of
-outputs) and non-spatial mode raise ``NotImplementedError``: they belong to the
-training-mode feature, which brings the batch statistics kernels.
+Modes: opsets 14/15 by ``training_mode``; opsets 1/6 by ``is_test``; opsets 7/9 by
+the number of outputs requested (``num_outputs``: 1 is inference). Training normalizes
+Y with the batch statistics (population variance) and returns the running statistics
+``input * momentum + batch * (1 - momentum)`` in the dtype of input_mean/input_var;
+opsets 1-9 add saved_mean and saved_var (the batch mean and variance, as the spec
+words it; ``saved_var="inv_std"`` gives onnxruntime's 1/sqrt(var + epsilon)).
+``spatial=0`` is not implemented yet.
 """
 
 import functools
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from normkernels.ops import common
 from normkernels.ops.common import ALL_FLOATS, BFLOAT16
@@ -19,7 +24,6 @@ from normkernels.ops.common import ALL_FLOATS, BFLOAT16
 OP = "BatchNormalization"
 _NO_BF16 = tuple(d for d in ALL_FLOATS if d != BFLOAT16)
 _INPUTS = ("X", "scale", "B", "input_mean", "input_var")
-TRAINING_FEATURE = "training-mode BatchNormalization (batch statistics)"
 
 
 @dataclass(frozen=True)
@@ -98,29 +102,50 @@ def _types_ok(version, arrays):
     return all(dt in version.dtypes[tv] for tv, dt in seen.items())
 
 
-def mode(version, attrs):
-    """"inference" or "training" for these attributes, or NotImplementedError."""
+SAVED_VAR = ("variance", "inv_std")
+
+
+def mode(version, attrs, num_outputs):
+    """"inference" or "training" for these attributes and output count."""
     label = f"{OP}-{version.since}"
     if version.since >= 14:
-        training = bool(attrs["training_mode"])
-    elif version.since in (1, 6):
-        if not attrs["spatial"]:
-            raise NotImplementedError(f"{label}: spatial=0 is part of {TRAINING_FEATURE}, "
-                                      "not implemented yet")
+        if num_outputs is not None:
+            raise TypeError(f"{label}: num_outputs is for opsets 1-9, whose mode or outputs "
+                            "it selects; opsets 14+ return (Y, running_mean, running_var) "
+                            "in training mode")
+        return "training" if attrs["training_mode"] else "inference"
+    if num_outputs is None:
+        num_outputs = 1
+    if isinstance(num_outputs, bool) or not isinstance(num_outputs, int) \
+            or not 1 <= num_outputs <= 5:
+        raise ValueError(f"{label}: num_outputs must be an integer from 1 to 5 (Y, mean, "
+                         f"var, saved_mean, saved_var), got {num_outputs!r}")
+    if "spatial" in attrs and not attrs["spatial"]:
+        raise NotImplementedError(f"{label}: spatial=0 is not implemented yet")
+    if version.since in (1, 6):
         training = not attrs["is_test"]
+        if not training and num_outputs > 1:
+            raise ValueError(f"{label}: is_test=1 (test mode) has one output, Y; "
+                             f"num_outputs={num_outputs} asks for training outputs")
     else:
-        raise NotImplementedError(
-            f"{label}: this version chooses test or training mode by its number of "
-            f"outputs; it is part of {TRAINING_FEATURE}, not implemented yet")
-    if training:
-        raise NotImplementedError(f"{label}: training mode is part of {TRAINING_FEATURE}, "
-                                  "not implemented yet")
-    return "inference"
+        training = num_outputs > 1  # opsets 7 and 9: the outputs select the mode
+    return "training" if training else "inference"
+
+
+def _check_momentum(label, momentum):
+    try:
+        value = float(momentum)
+    except (TypeError, ValueError):
+        raise TypeError(f"{label}: momentum must be a float, got {momentum!r}") from None
+    if not np.isfinite(value):
+        raise ValueError(f"{label}: momentum must be finite, got {value}")
+    return value
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
                         training_mode=None, is_test=None, spatial=None, consumed_inputs=None,
-                        opset=15, data_format="NCX", out=None, engine, path=None):
+                        num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
+                        out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_normalization`; ``engine`` runs the loops."""
     version = version_for(opset)
     attrs = resolve_attributes(version, {
@@ -137,10 +162,42 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     if version.since == 1 and X.ndim != 4:
         raise ValueError(f"{label}: X must be 4-D (N x C x H x W), got shape {X.shape}")
     eps = common.check_epsilon(label, attrs["epsilon"])
-    common.check_channel_params(label, common.channel_count(X, data_format), arrays)
+    C = common.channel_count(X, data_format)
+    common.check_channel_params(label, C, arrays)
     if out is not None:
         common.check_out(label, out, X, arrays)
-    mode(version, attrs)
-    mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"], arrays["input_mean"],
-                                        arrays["input_var"], eps, X.dtype)
-    return common.normalize(X, mean, a, b, data_format, out, engine, path)
+    if mode(version, attrs, num_outputs) == "inference":
+        mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"],
+                                            arrays["input_mean"], arrays["input_var"], eps,
+                                            X.dtype)
+        return common.normalize(X, mean, a, b, data_format, out, engine, path)
+    return _training(label, version, X, arrays, eps, _check_momentum(label, attrs["momentum"]),
+                     num_outputs or 1, saved_var, data_format, out, engine, path)
+
+
+def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, data_format,
+              out, engine, path):
+    """Y normalized with the batch statistics, and the running (and saved) statistics."""
+    if saved_var not in SAVED_VAR:
+        raise ValueError(f"{label}: saved_var must be one of {SAVED_VAR}, got {saved_var!r}")
+    if X.size == 0:
+        raise ValueError(f"{label}: training mode on an empty X (shape {X.shape}): batch "
+                         "statistics of zero elements are undefined")
+    Xc, C, S = common.contiguous_layout(X, data_format)
+    count, batch_mean, m2 = engine.moments(Xc, C, S)
+    batch_var = m2 / count  # population variance (divide by N)
+    mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"], batch_mean, batch_var,
+                                        eps, X.dtype)
+    Y = common.normalize(X, mean, a, b, data_format, out, engine, path)
+    stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
+    with np.errstate(invalid="ignore", over="ignore"):
+        running_mean = (arrays["input_mean"].astype(np.float64) * momentum
+                        + batch_mean * (1.0 - momentum)).astype(stats_dtype)
+        running_var = (arrays["input_var"].astype(np.float64) * momentum
+                       + batch_var * (1.0 - momentum)).astype(stats_dtype)
+        if version.since >= 14:
+            return Y, running_mean, running_var
+        saved = (batch_var if saved_var == "variance"
+                 else 1.0 / np.sqrt(batch_var + eps)).astype(stats_dtype)
+    outputs = (Y, running_mean, running_var, batch_mean.astype(stats_dtype), saved)
+    return outputs[0] if num_outputs == 1 else outputs[:num_outputs]

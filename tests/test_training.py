@@ -1,0 +1,309 @@
+"""Training-mode BatchNormalization (every opset) and the public moments functions,
+against the float64 oracle."""
+
+import itertools
+
+import numba
+import numpy as np
+import pytest
+from arrays import (
+    FLOAT_IDS,
+    FLOATS,
+    LAYOUTS,
+    SHAPES,
+    assert_identical,
+    random_params,
+    random_tensor,
+    to_layout,
+)
+from oracle import batch_norm_training, batch_statistics, tolerance, ulp
+
+import normkernels as nk
+from normkernels import reference
+from normkernels.kernels import dispatch
+
+F16, BF16, F32, F64 = FLOATS
+EPS = 1e-5
+
+
+def channels(shape, data_format):
+    if len(shape) == 1:
+        return 1
+    return shape[1] if data_format == "NCX" else shape[-1]
+
+
+def expect_stats_close(got, exact, dtype):
+    """Statistics rounded once to their dtype: within 1 ulp of it, plus the float64
+    accumulation error (1e-13 relative; it matters only for float64 statistics)."""
+    got64 = np.asarray(got, dtype=np.float64)
+    assert got.dtype == dtype
+    assert np.array_equal(np.isnan(got64), np.isnan(exact))
+    ok = ~np.isnan(exact)
+    tol = ulp(exact[ok], dtype) + 1e-13 * np.abs(exact[ok])
+    assert np.all(np.abs(got64[ok] - exact[ok]) <= tol)
+
+
+def stats_tolerance(X, scale, mean, var, data_format):
+    """Y error from batch statistics accumulated in float64: 16 float64 ulp of the
+    terms (it matters for float64 Y only)."""
+    shape = (1,) if X.ndim == 1 else tuple(-1 if i == (1 if data_format == "NCX" else X.ndim - 1)
+                                            else 1 for i in range(X.ndim))
+    a = np.abs(np.asarray(scale, np.float64)).reshape(shape) / np.sqrt(var.reshape(shape) + EPS)
+    x = np.asarray(X, np.float64)
+    m = mean.reshape(shape)
+    return 16 * np.finfo(np.float64).eps * (np.abs(x - m) + np.abs(m)) * a
+
+
+def expect_training_close(outputs, X, params, momentum, data_format):
+    Y, running_mean, running_var = outputs[:3]
+    exact_Y, exact_rm, exact_rv, mean, var = batch_norm_training(X, *params, EPS, momentum,
+                                                                 data_format)
+    tol = tolerance(X, params[0], params[1], mean, var, EPS, data_format, Y.dtype, False)
+    tol = tol + stats_tolerance(X, params[0], mean, var, data_format)
+    got = np.asarray(Y, dtype=np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(exact_Y))
+    ok = np.isfinite(exact_Y)
+    assert np.all(np.abs(got[ok] - exact_Y[ok]) <= tol[ok])
+    expect_stats_close(running_mean, exact_rm, params[2].dtype)
+    expect_stats_close(running_var, exact_rv, params[3].dtype)
+
+
+@pytest.mark.parametrize("shape_id", [k for k in SHAPES if k != "1d"] + ["1d"])
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_training_matches_oracle(rng, dtype, data_format, shape_id):
+    shape = to_layout(SHAPES[shape_id], data_format)
+    X = random_tensor(rng, shape, dtype, mean=3.0)
+    params = random_params(rng, channels(shape, data_format), (dtype,) * 4)
+    before = [p.copy() for p in (X, *params)]
+    outputs = nk.batch_normalization(X, *params, training_mode=1, momentum=0.7,
+                                     data_format=data_format)
+    assert len(outputs) == 3 and outputs[0].dtype == dtype
+    expect_training_close(outputs, X, params, 0.7, data_format)
+    for original, now in zip(before, (X, *params), strict=True):
+        assert_identical(original, now)
+    for stat, given in zip(outputs[1:], params[2:], strict=True):
+        assert not np.shares_memory(stat, given)
+    twin = reference.batch_normalization(X, *params, training_mode=1, momentum=0.7,
+                                         data_format=data_format)
+    expect_training_close(twin, X, params, 0.7, data_format)
+
+
+@pytest.mark.parametrize(
+    "t1,t2", list(itertools.product(FLOATS, FLOATS)),
+    ids=[f"T1={a}-T2={b}" for a, b in itertools.product(FLOAT_IDS, FLOAT_IDS)])
+@pytest.mark.parametrize("t", FLOATS, ids=FLOAT_IDS)
+def test_opset15_training_types(rng, t, t1, t2):
+    """Running statistics have T2's dtype (the ONNX reference casts them to T)."""
+    X = random_tensor(rng, (3, 4, 5, 6), t)
+    params = random_params(rng, 4, (t1, t1, t2, t2))
+    outputs = nk.batch_normalization(X, *params, training_mode=1, opset=15)
+    assert outputs[0].dtype == t and outputs[1].dtype == t2 and outputs[2].dtype == t2
+    expect_training_close(outputs, X, params, 0.9, "NCX")
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.1, 0.9, 1.0])
+def test_momentum_weighs_the_running_value(rng, momentum):
+    X = random_tensor(rng, (4, 3, 6, 6), F64)
+    params = random_params(rng, 3, (F64,) * 4)
+    outputs = nk.batch_normalization(X, *params, training_mode=1, momentum=momentum)
+    expect_training_close(outputs, X, params, momentum, "NCX")
+    if momentum == 1.0:
+        np.testing.assert_array_equal(outputs[1], params[2])
+
+
+@pytest.mark.parametrize("opset,kw", [
+    (1, {"consumed_inputs": [0, 0, 0, 1, 1]}), (6, {}), (7, {}), (9, {})])
+@pytest.mark.parametrize("dtype", [F16, F32, F64], ids=["float16", "float32", "float64"])
+def test_opsets_1_to_9_five_outputs(rng, dtype, opset, kw):
+    X = random_tensor(rng, (3, 4, 5, 6), dtype)
+    params = random_params(rng, 4, (dtype,) * 4)
+    outputs = nk.batch_normalization(X, *params, opset=opset, num_outputs=5, **kw)
+    assert len(outputs) == 5 and all(o.dtype == dtype for o in outputs)
+    expect_training_close(outputs, X, params, 0.9, "NCX")
+    _, _, _, mean, var = batch_norm_training(X, *params, EPS, 0.9)
+    expect_stats_close(outputs[3], mean, dtype)  # saved_mean: the batch mean
+    expect_stats_close(outputs[4], var, dtype)  # saved_var: the batch variance
+    inv_std = nk.batch_normalization(X, *params, opset=opset, num_outputs=5,
+                                     saved_var="inv_std", **kw)[4]
+    expect_stats_close(inv_std, 1 / np.sqrt(var + EPS), dtype)
+
+
+@pytest.mark.parametrize("opset", [7, 9])
+def test_opsets_7_9_one_output_is_inference(rng, opset):
+    X = random_tensor(rng, (3, 4, 5), F32)
+    params = random_params(rng, 4)
+    Y = nk.batch_normalization(X, *params, opset=opset)
+    assert_identical(Y, nk.batch_normalization(X, *params, opset=15))
+    assert len(nk.batch_normalization(X, *params, opset=opset, num_outputs=3)) == 3
+
+
+@pytest.mark.parametrize("num_outputs", [1, 2, 3, 4])
+def test_opset6_training_returns_the_requested_outputs(rng, num_outputs):
+    X = random_tensor(rng, (3, 4, 5), F32)
+    params = random_params(rng, 4)
+    outputs = nk.batch_normalization(X, *params, opset=6, num_outputs=num_outputs)
+    full = nk.batch_normalization(X, *params, opset=6, num_outputs=5)
+    if num_outputs == 1:
+        assert_identical(outputs, full[0])  # Y with batch statistics
+    else:
+        assert len(outputs) == num_outputs
+        for got, want in zip(outputs, full, strict=False):
+            assert_identical(got, want)
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_single_element_per_channel_gives_B(rng, dtype, data_format):
+    """N * spatial = 1: variance 0, Y = B exactly."""
+    shape = to_layout((1, 5, 1, 1), data_format)
+    X = random_tensor(rng, shape, dtype, mean=7.0)
+    params = random_params(rng, 5, (dtype,) * 4)
+    Y, _, running_var = nk.batch_normalization(X, *params, training_mode=1,
+                                               data_format=data_format)
+    np.testing.assert_array_equal(Y.reshape(-1), params[1])
+    np.testing.assert_array_equal(running_var.astype(np.float64),
+                                  (params[3].astype(np.float64) * 0.9).astype(dtype))
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_constant_channel_has_zero_variance(rng, dtype, data_format):
+    shape = to_layout((6, 3, 40, 40), data_format)
+    X = random_tensor(rng, shape, dtype)
+    channel = (slice(None), 1) if data_format == "NCX" else (..., 1)
+    X[channel] = dtype.type(0.3)
+    mean, var = nk.moments(X, data_format=data_format)
+    assert var[1] == 0.0 and mean[1] == np.float64(dtype.type(0.3))
+    params = random_params(rng, 3, (dtype,) * 4)
+    Y = nk.batch_normalization(X, *params, training_mode=1, data_format=data_format)[0]
+    assert np.all(Y[channel] == params[1][1])
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_nan_stays_in_its_channel(rng, dtype, data_format):
+    shape = to_layout((4, 3, 30, 30), data_format)
+    X = random_tensor(rng, shape, dtype)
+    channel = (slice(None), 2) if data_format == "NCX" else (..., 2)
+    X[channel].reshape(-1)[17] = np.nan  # a view for both layouts' slicing
+    X[(0, 2, 3, 4) if data_format == "NCX" else (0, 3, 4, 2)] = np.nan
+    params = random_params(rng, 3, (dtype,) * 4)
+    Y, running_mean, running_var = nk.batch_normalization(X, *params, training_mode=1,
+                                                          data_format=data_format)
+    assert np.isnan(np.asarray(Y[channel], np.float64)).all()
+    others = (slice(None), [0, 1]) if data_format == "NCX" else (..., [0, 1])
+    assert np.isfinite(np.asarray(Y[others], np.float64)).all()
+    assert np.isnan(np.asarray(running_mean, np.float64)).tolist() == [False, False, True]
+    assert np.isnan(np.asarray(running_var, np.float64)).tolist() == [False, False, True]
+
+
+def test_empty_x_in_training_is_an_error():
+    X = np.zeros((0, 3, 4), F32)
+    with pytest.raises(ValueError, match="statistics of zero elements are undefined"):
+        nk.batch_normalization(X, *random_params(np.random.default_rng(0), 3), training_mode=1)
+    with pytest.raises(ValueError, match="zero elements"):
+        nk.moments(X)
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+def test_float16_sum_of_squares_does_not_overflow(rng, data_format):
+    """Values near 300 square to more than float16's maximum (65504)."""
+    shape = to_layout((2, 2, 256, 256), data_format)
+    X = random_tensor(rng, shape, F16, mean=300.0, std=50.0)
+    mean, var = nk.moments(X, data_format=data_format)
+    exact_mean, exact_var = batch_statistics(X, data_format)
+    assert mean.dtype == np.float32 and np.isfinite(var).all()
+    np.testing.assert_allclose(var, exact_var, rtol=1e-6)
+    np.testing.assert_allclose(mean, exact_mean, rtol=1e-6)
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+def test_moments_accuracy_at_large_mean(rng, dtype, data_format):
+    """Mean 1e4, std 1: float64 accumulation, variance within 1e-12 relative."""
+    shape = to_layout((16, 8, 64, 64), data_format)
+    X = random_tensor(rng, shape, dtype, mean=1e4)
+    mean, var = nk.moments(X, data_format=data_format)
+    exact_mean, exact_var = batch_statistics(X, data_format)
+    assert mean.dtype == np.float64
+    assert np.max(np.abs(var - exact_var) / exact_var) <= 1e-12
+    assert np.max(np.abs(mean - exact_mean) / exact_mean) <= 1e-15
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", [F16, BF16], ids=["float16", "bfloat16"])
+def test_moments_accuracy_16_bit(rng, dtype, data_format):
+    shape = to_layout((8, 4, 96, 96), data_format)
+    X = random_tensor(rng, shape, dtype)
+    _mean, var = nk.moments(X, data_format=data_format)
+    _exact_mean, exact_var = batch_statistics(X, data_format)
+    assert var.dtype == np.float32
+    assert np.max(np.abs(var - exact_var) / exact_var) <= 1e-6
+
+
+@pytest.mark.parametrize("shape,data_format", [
+    ((8, 16, 300, 300), "NCX"), ((4, 200, 200, 64), "NXC"), ((64, 2048, 3, 3), "NCX"),
+    ((3_000_001,), "NCX")])
+def test_statistics_do_not_depend_on_thread_count(rng, shape, data_format):
+    X = random_tensor(rng, shape, F32, mean=5.0)
+    C = channels(shape, data_format)
+    layout = X.reshape(-1), C, (1 if data_format == "NXC" or len(shape) < 3
+                                else int(np.prod(shape[2:])))
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = dispatch.moments(*layout)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        many = dispatch.moments(*layout)
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(one, many, strict=True):
+        assert_identical(a, b)
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_partial_moments_merge_like_the_whole(rng, dtype, data_format):
+    shape = to_layout((7, 5, 9, 11), data_format)
+    X = random_tensor(rng, shape, dtype, mean=2.0)
+    whole = nk.partial_moments(X, data_format=data_format)
+    merged = nk.partial_moments(X[:0], data_format=data_format)  # the identity
+    for lo, hi in [(0, 1), (1, 4), (4, 7)]:
+        merged = nk.merge_moments(merged, nk.partial_moments(X[lo:hi], data_format=data_format))
+    np.testing.assert_array_equal(merged.count, whole.count)
+    np.testing.assert_allclose(merged.mean, whole.mean, rtol=1e-14)
+    np.testing.assert_allclose(merged.M2, whole.M2, rtol=1e-12)
+    _exact_mean, exact_var = batch_statistics(X, data_format)
+    np.testing.assert_allclose(whole.M2 / whole.count, exact_var, rtol=1e-12)
+
+
+def test_merge_rejects_different_channels():
+    a = nk.partial_moments(np.ones((2, 3), F32))
+    b = nk.partial_moments(np.ones((2, 4), F32))
+    with pytest.raises(ValueError, match="same channels"):
+        nk.merge_moments(a, b)
+
+
+def test_moments_follow_layout_and_dtype(rng):
+    X = random_tensor(rng, (2, 6, 5, 3), BF16)
+    mean, var = nk.moments(X, data_format="NXC")
+    assert mean.shape == (3,) and mean.dtype == np.float32
+    _exact_mean, exact_var = batch_statistics(X, "NXC")
+    np.testing.assert_allclose(var, exact_var, rtol=1e-6)
+    one_d = nk.moments(random_tensor(rng, (101,), F32))
+    assert one_d[0].shape == (1,)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    ({"opset": 15, "num_outputs": 3}, TypeError, "num_outputs is for opsets 1-9"),
+    ({"opset": 9, "num_outputs": 6}, ValueError, "num_outputs must be an integer from 1 to 5"),
+    ({"opset": 6, "is_test": 1, "num_outputs": 3}, ValueError, "test mode"),
+    ({"opset": 9, "num_outputs": 5, "saved_var": "std"}, ValueError, "saved_var must be one of"),
+    ({"opset": 7, "spatial": 0, "num_outputs": 5}, NotImplementedError, "spatial=0"),
+    ({"training_mode": 1, "momentum": float("nan")}, ValueError, "momentum must be finite"),
+])
+def test_training_rejects(kw, exc, match):
+    X = np.ones((2, 3, 4), F32)
+    with pytest.raises(exc, match=match):
+        nk.batch_normalization(X, *random_params(np.random.default_rng(0), 3), **kw)
