@@ -24,7 +24,8 @@ DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64
 @dataclass(frozen=True)
 class Workload:
     name: str
-    op: str  # "batchnorm" (ONNX, inference) or "batchnorm-inference" (oneDNN)
+    op: str  # "batchnorm" (ONNX inference), "batchnorm-training", "moments",
+    #          "batchnorm-inference" (oneDNN)
     shape: tuple  # in NCX order: (N, C, *spatial)
     dtype: str
     data_format: str = "NCX"
@@ -50,6 +51,14 @@ WORKLOADS = [
     Workload("resnet-last-f32", "batchnorm", (64, 2048, 7, 7), "float32", "NCX"),
     Workload("dense-f32", "batchnorm", (4096, 1024), "float32", "NCX"),
     Workload("tiny-f32", "batchnorm", (1, 16, 8, 8), "float32", "NCX"),
+    Workload("train-resnet-stem-f32-ncx", "batchnorm-training", (32, 64, 112, 112),
+             "float32", "NCX"),
+    Workload("train-resnet-stem-f32-nxc", "batchnorm-training", (32, 64, 112, 112),
+             "float32", "NXC"),
+    Workload("train-resnet-last-f32", "batchnorm-training", (64, 2048, 7, 7), "float32",
+             "NCX"),
+    Workload("moments-resnet-stem-f32-ncx", "moments", (32, 64, 112, 112), "float32", "NCX"),
+    Workload("moments-resnet-stem-f32-nxc", "moments", (32, 64, 112, 112), "float32", "NXC"),
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -69,29 +78,51 @@ def make_inputs(workload, seed=0):
     return X, (scale, B, mean, var)
 
 
-def normkernels_call(workload, X, params, out):
+def normkernels_call(workload, X, params, out, op=None):
+    """The normkernels call of a workload (``op`` overrides the workload's)."""
     import normkernels
 
-    if workload.op == "batchnorm-inference":
-        return lambda: normkernels.batch_norm_inference(
-            X, *params, epsilon=1e-5, data_format=workload.data_format, out=out)
-    return lambda: normkernels.batch_normalization(
-        X, *params, epsilon=1e-5, data_format=workload.data_format, out=out)
+    op = op or workload.op
+    fmt = workload.data_format
+    if op == "batchnorm-inference":
+        return lambda: normkernels.batch_norm_inference(X, *params, epsilon=1e-5,
+                                                        data_format=fmt, out=out)
+    if op == "moments":
+        return lambda: normkernels.moments(X, data_format=fmt)
+    training = 1 if op == "batchnorm-training" else 0
+    return lambda: normkernels.batch_normalization(X, *params, epsilon=1e-5,
+                                                   training_mode=training, data_format=fmt,
+                                                   out=out)
+
+
+def _channel_axis(workload, X):
+    return 1 if workload.data_format == "NCX" or X.ndim <= 2 else X.ndim - 1
 
 
 def numpy_call(workload, X, params, dtype=None):
-    """The formula in NumPy in X's dtype (or ``dtype``), parameters broadcast along
-    the channel axis."""
+    """What a NumPy user would write, in X's dtype (or ``dtype``); parameters are
+    broadcast along the channel axis. Returns Y, or (mean, var) for moments."""
     dtype = X.dtype if dtype is None else np.dtype(dtype)
+    axis = _channel_axis(workload, X)
+    reduced = tuple(i for i in range(X.ndim) if i != axis)
     shape = [1] * X.ndim
-    shape[1 if workload.data_format == "NCX" or X.ndim <= 2 else -1] = -1
+    shape[axis] = -1
     scale, B, mean, var = (p.astype(dtype).reshape(shape) for p in params)
     x = X if dtype == X.dtype else X.astype(dtype)
+    eps = dtype.type(1e-5)
 
-    def run():
-        return (x - mean) / np.sqrt(var + dtype.type(1e-5)) * scale + B
+    def inference():
+        return (x - mean) / np.sqrt(var + eps) * scale + B
 
-    return run
+    def training():
+        m = x.mean(axis=reduced, keepdims=True)
+        v = x.var(axis=reduced, keepdims=True)
+        return (x - m) / np.sqrt(v + eps) * scale + B
+
+    def moments():
+        return x.mean(axis=reduced), x.var(axis=reduced)
+
+    return {"moments": moments, "batchnorm-training": training}.get(workload.op, inference)
 
 
 def _roofline_kernels():
@@ -111,15 +142,22 @@ def _roofline_kernels():
         for i in prange(x.size):
             y[i] = x[i] * a + b
 
-    return parallel_copy, parallel_axpb
+    @njit(parallel=True, cache=True, fastmath={"reassoc"})
+    def parallel_read(x):
+        total = 0.0
+        for i in prange(x.size):
+            total += x[i]
+        return total
+
+    return parallel_copy, parallel_axpb, parallel_read
 
 
 def baseline_calls(X, out):
-    """Roofline baselines over X's storage: parallel copy and parallel a*x+b (in
-    float32 for 16-bit dtypes, with ordinary stores)."""
+    """Roofline baselines over X's storage: parallel copy, parallel a*x+b (on the
+    bits for 16-bit dtypes, with ordinary stores) and a parallel read-only sum."""
     from normkernels.kernels.storage import storage_view
 
-    parallel_copy, parallel_axpb = _roofline_kernels()
+    parallel_copy, parallel_axpb, parallel_read = _roofline_kernels()
     x = storage_view(X.reshape(-1))
     y = storage_view(out.reshape(-1))
     if X.dtype.itemsize == 2:  # a*x+b on the bits: same bytes and loop shape
@@ -127,7 +165,8 @@ def baseline_calls(X, out):
         a, b = np.uint16(3), np.uint16(1)
     else:
         a, b = X.dtype.type(1.5), X.dtype.type(0.25)
-    return {"copy": lambda: parallel_copy(x, y), "axpb": lambda: parallel_axpb(x, y, a, b)}
+    return {"copy": lambda: parallel_copy(x, y), "axpb": lambda: parallel_axpb(x, y, a, b),
+            "read": lambda: parallel_read(x)}
 
 
 # Before each timed call of a large workload the harness writes this much scratch
@@ -201,34 +240,59 @@ def _flusher():
 
 
 def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
-    """Time one workload and its baselines; returns a dict of results."""
+    """Time one workload and its baselines; returns a dict of results.
+
+    Baselines: ``copy`` and ``axpb`` for operators that write Y, ``read`` for moments
+    (the roofline of an operator that only reads X), and for training the inference
+    of the same tensor (``x_inference``: the cost of the statistics).
+    """
     X, params = make_inputs(workload)
     out = np.empty_like(X)
     nk = normkernels_call(workload, X, params, out)
     t0 = time.perf_counter()
-    nk()
+    result_nk = nk()
     first_call = time.perf_counter() - t0
-    calls = {"normkernels": nk, **baseline_calls(X, np.empty_like(X))}
+    baselines = baseline_calls(X, np.empty_like(X))
+    reads_only = workload.op == "moments"
+    roofline = "read" if reads_only else "copy"
+    calls = {"normkernels": nk, roofline: baselines[roofline]}
+    if not reads_only:
+        calls["axpb"] = baselines["axpb"]
+    if workload.op == "batchnorm-training":
+        calls["inference"] = normkernels_call(workload, X, params, np.empty_like(X), "batchnorm")
     if numpy_baseline:
         calls["numpy"] = numpy_call(workload, X, params)
     small = X.nbytes < (1 << 20)  # per-call latency, warm: as called in a loop
     medians = interleaved_medians(calls, repeat * (50 if small else 1), warmup,
                                   budget_seconds=60,
                                   before_each=None if small else _flusher())
-    nbytes = 2 * X.nbytes
+    nbytes = (1 if reads_only else 2) * X.nbytes
+    nk_time = medians["normkernels"]
     result = {
         "workload": workload.name, "op": workload.op, "shape": list(workload.layout_shape),
         "dtype": workload.dtype, "data_format": workload.data_format, "bytes": nbytes,
         "first_call_s": first_call,
         "seconds": medians,
         "gbps": {k: nbytes / v / 1e9 for k, v in medians.items()},
-        "pct_of_copy": 100.0 * medians["copy"] / medians["normkernels"],
-        "pct_of_axpb": 100.0 * medians["axpb"] / medians["normkernels"],
+        "roofline": roofline,
+        "pct_of_roofline": 100.0 * medians[roofline] / nk_time,
     }
+    if "axpb" in medians:
+        result["pct_of_axpb"] = 100.0 * medians["axpb"] / nk_time
+    if "inference" in medians:
+        result["over_inference"] = nk_time / medians["inference"]
     exact = numpy_call(workload, X, params, np.float64)()
-    result["max_rel_err"] = {"normkernels": max_relative_error(out, exact)}
+    result["max_rel_err"] = {"normkernels": _error(workload, result_nk, exact)}
     if numpy_baseline:
-        result["numpy_over_normkernels"] = medians["numpy"] / medians["normkernels"]
-        result["max_rel_err"]["numpy"] = max_relative_error(numpy_call(workload, X, params)(),
-                                                            exact)
+        result["numpy_over_normkernels"] = medians["numpy"] / nk_time
+        result["max_rel_err"]["numpy"] = _error(workload, numpy_call(workload, X, params)(),
+                                                exact)
     return result
+
+
+def _error(workload, got, exact):
+    if workload.op == "moments":
+        return max(max_relative_error(g, e) for g, e in zip(got, exact, strict=True))
+    if isinstance(got, tuple):
+        got = got[0]
+    return max_relative_error(got, exact)

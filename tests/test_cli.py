@@ -10,8 +10,18 @@ from normkernels import benchmarks, cli
 def test_workload_table_runs_and_agrees_with_numpy():
     result = benchmarks.run_workload(benchmarks.WORKLOADS_BY_NAME["tiny-f32"], repeat=1)
     assert set(result["seconds"]) == {"normkernels", "copy", "axpb", "numpy"}
+    assert result["roofline"] == "copy"
     assert result["max_rel_err"]["numpy"] < 1e-5
     assert result["max_rel_err"]["normkernels"] < 1e-6
+
+
+def test_every_op_of_the_table_runs_on_a_small_tensor():
+    for op in ("batchnorm-training", "moments", "batchnorm-inference"):
+        w = benchmarks.Workload(f"small-{op}", op, (2, 3, 8, 8), "float32", "NXC")
+        result = benchmarks.run_workload(w, repeat=1)
+        assert result["max_rel_err"]["normkernels"] < 1e-5
+        assert result["max_rel_err"]["numpy"] < 1e-5
+        assert ("over_inference" in result) == (op == "batchnorm-training")
 
 
 def test_workload_inputs_match_their_description():
