@@ -38,11 +38,6 @@ def moments(x, C, S):
     return count, mean, m2
 
 
-def fused_training(x, y, C, S, scale, B, epsilon, path=None):
-    """The twin has no fused pass: statistics and normalize run separately."""
-    return None
-
-
 _ENGINE = sys.modules[__name__]
 
 

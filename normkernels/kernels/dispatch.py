@@ -15,7 +15,6 @@ import numpy as np
 
 from normkernels.kernels import moments as reductions
 from normkernels.kernels import scale_shift as loops
-from normkernels.kernels import training
 from normkernels.kernels.storage import storage_view
 
 PATHS = ("serial", "parallel", "streaming")
@@ -183,32 +182,3 @@ def _row_moments(xs, P, C, S, count, mean, m2):
     part_m2 = np.empty((n_blocks, P))
     reductions.row_partials(xs, P, rows_per_block, part_mean, part_m2)
     reductions.merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2)
-
-
-def fused_training(x, y, C, S, scale, B, epsilon, path=None):
-    """Batch statistics and Y in one pass over X where that pays (NCX planes, enough
-    channels for every thread): returns ``(count, mean, M2)`` having written Y, or
-    None (the caller then runs :func:`moments` and :func:`scale_shift`). Results are
-    bitwise those of the unfused path."""
-    if S < loops.MIN_PLANE or C < 2 * numba.get_num_threads() or path == "serial":
-        return None
-    if x.size <= SERIAL_MAX_ELEMENTS and path is None:
-        return None
-    from normkernels.kernels.storage import compute_dtype
-
-    xs = storage_view(x.reshape(-1))
-    ys = storage_view(y.reshape(-1))
-    cd = compute_dtype(x.dtype)
-    count = np.zeros(C, np.int64)
-    mean = np.zeros(C)
-    m2 = np.zeros(C)
-    m, a, b = np.empty(C, cd), np.empty(C, cd), np.empty(C, cd)
-    args = (xs, ys, C, S, scale.astype(np.float64), B.astype(np.float64), float(epsilon),
-            count, mean, m2, m, a, b)
-    if path is None:
-        path = choose_path(ys)
-    if path == "streaming" and streaming_supported() and ys.flags.aligned:
-        training.train_planes_streaming(*args)
-    else:
-        training.train_planes(*args)
-    return count, mean, m2

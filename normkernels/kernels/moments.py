@@ -115,14 +115,6 @@ def _chunk(x):
     return mean, m2
 
 
-@njit(**MOMENTS_OPTIONS)
-def chunk_moments(x):
-    """(mean, M2) of a slice of a plane. A function of its own (not inlined at Numba
-    level) so that every kernel using it runs the same machine code, including the
-    fused training kernel, which is compiled without ``reassoc``."""
-    return _chunk(x)
-
-
 @njit(parallel=True, **MOMENTS_OPTIONS)
 def plane_partials(x, S, part_mean, part_m2):
     """Partials of every (plane, chunk): ``part_*[p * chunks + k]`` for chunk ``k``
@@ -133,7 +125,7 @@ def plane_partials(x, S, part_mean, part_m2):
         p = item // chunks
         lo = p * S + (item % chunks) * PLANE_CHUNK
         hi = min((p + 1) * S, lo + PLANE_CHUNK)
-        part_mean[item], part_m2[item] = chunk_moments(x[lo:hi])
+        part_mean[item], part_m2[item] = _chunk(x[lo:hi])
 
 
 @njit(**MOMENTS_OPTIONS)

@@ -183,22 +183,12 @@ def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, 
     if X.size == 0:
         raise ValueError(f"{label}: training mode on an empty X (shape {X.shape}): batch "
                          "statistics of zero elements are undefined")
-    Xc, C, S, order = common.contiguous_layout(X, data_format)
-    fused = None
-    if out is None or out.transpose(order).flags.c_contiguous:
-        Y = np.empty_like(X) if out is None else out
-        if Y.transpose(order).flags.c_contiguous:
-            fused = engine.fused_training(Xc, Y.transpose(order), C, S, arrays["scale"],
-                                          arrays["B"], eps, path)
-    if fused is not None:  # statistics and Y in one pass
-        count, batch_mean, m2 = fused
-        batch_var = m2 / count
-    else:
-        count, batch_mean, m2 = engine.moments(Xc, C, S)
-        batch_var = m2 / count  # population variance (divide by N)
-        mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"], batch_mean,
-                                            batch_var, eps, X.dtype)
-        Y = common.normalize(X, mean, a, b, data_format, out, engine, path)
+    Xc, C, S = common.contiguous_layout(X, data_format)
+    count, batch_mean, m2 = engine.moments(Xc, C, S)
+    batch_var = m2 / count  # population variance (divide by N)
+    mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"], batch_mean, batch_var,
+                                        eps, X.dtype)
+    Y = common.normalize(X, mean, a, b, data_format, out, engine, path)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
     with np.errstate(invalid="ignore", over="ignore"):
         running_mean = (arrays["input_mean"].astype(np.float64) * momentum

@@ -167,16 +167,16 @@ def physical_layout(X, data_format):
 
 
 def contiguous_layout(X, data_format):
-    """``(Xc, C, S, order)``: ``Xc = X.transpose(order)`` C-contiguous (X itself when
-    it is channels-first or channels-last in memory, else of a contiguous copy);
-    channel ``c`` of flat element ``i`` of ``Xc`` is ``(i // S) % C``."""
+    """``(Xc, C, S)``: X itself, viewed C-contiguous in its memory order when it is
+    channels-first or channels-last in memory, else a contiguous copy; channel ``c``
+    of flat element ``i`` of ``Xc`` is ``(i // S) % C``."""
     C = channel_count(X, data_format)
     layout = physical_layout(X, data_format)
     if layout is None:
         X = np.ascontiguousarray(X)
         layout = physical_layout(X, data_format)
     order, S = layout
-    return X.transpose(order), C, S, order
+    return X.transpose(order), C, S
 
 
 def normalize(X, mean, a, b, data_format, out, engine, path=None):

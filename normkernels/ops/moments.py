@@ -35,7 +35,7 @@ def partial_statistics(X, data_format, engine, op=OP):
     C = common.channel_count(X, data_format)
     if X.size == 0:
         return Moments(np.zeros(C, np.int64), np.zeros(C), np.zeros(C))
-    Xc, C, S, _ = common.contiguous_layout(X, data_format)
+    Xc, C, S = common.contiguous_layout(X, data_format)
     return Moments(*engine.moments(Xc, C, S))
 
 
