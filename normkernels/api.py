@@ -55,7 +55,9 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     rounded once from it. Parameters are folded to ``a = scale / sqrt(var + eps)``
     in float64 and rounded once to the compute dtype, as are mean and B. Batch
     statistics are accumulated in float64 in one read of X, in an order independent
-    of the thread count. ``spatial=0`` raises NotImplementedError (not yet).
+    of the thread count. ``spatial=0`` (opsets 1, 6, 7) normalizes each activation over
+    N: parameters then have the shape of one sample, ``X.shape[1:]`` (opsets 1/6 also
+    accept (C,), broadcast), and so do the statistics returned.
     """
     return _bn.batch_normalization(
         X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum,

@@ -39,7 +39,9 @@ def expect_stats_close(got, exact, dtype):
     assert got.dtype == dtype
     assert np.array_equal(np.isnan(got64), np.isnan(exact))
     ok = ~np.isnan(exact)
-    tol = ulp(exact[ok], dtype) + 1e-13 * np.abs(exact[ok])
+    # 1 ulp of the dtype, float64 accumulation relative to the value and, for values
+    # that cancel to near zero, to the largest value
+    tol = ulp(exact[ok], dtype) + 1e-13 * np.abs(exact[ok]) + 1e-15 * np.abs(exact[ok]).max()
     assert np.all(np.abs(got64[ok] - exact[ok]) <= tol)
 
 
@@ -300,10 +302,60 @@ def test_moments_follow_layout_and_dtype(rng):
     ({"opset": 9, "num_outputs": 6}, ValueError, "num_outputs must be an integer from 1 to 5"),
     ({"opset": 6, "is_test": 1, "num_outputs": 3}, ValueError, "test mode"),
     ({"opset": 9, "num_outputs": 5, "saved_var": "std"}, ValueError, "saved_var must be one of"),
-    ({"opset": 7, "spatial": 0, "num_outputs": 5}, NotImplementedError, "spatial=0"),
+    ({"opset": 7, "spatial": 0, "num_outputs": 5}, ValueError,
+     r"with spatial=0, scale must have shape \(3, 4\)"),
     ({"training_mode": 1, "momentum": float("nan")}, ValueError, "momentum must be finite"),
 ])
 def test_training_rejects(kw, exc, match):
     X = np.ones((2, 3, 4), F32)
     with pytest.raises(exc, match=match):
         nk.batch_normalization(X, *random_params(np.random.default_rng(0), 3), **kw)
+
+
+def _per_activation(X, data_format):
+    """X as N x F activations (what spatial=0 normalizes over N)."""
+    return X.reshape(X.shape[0], -1)
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+@pytest.mark.parametrize("dtype", [F16, F32, F64], ids=["float16", "float32", "float64"])
+@pytest.mark.parametrize("opset", [1, 6, 7])
+def test_spatial_0_statistics_per_activation(rng, opset, dtype, data_format):
+    shape = to_layout((5, 3, 4, 6), data_format)
+    X = random_tensor(rng, shape, dtype, mean=2.0)
+    sample = shape[1:]
+    params = tuple(p.reshape(sample) for p in random_params(rng, int(np.prod(sample)),
+                                                             (dtype,) * 4))
+    kw = {"consumed_inputs": [0, 0, 0, 1, 1]} if opset == 1 else {}
+    outputs = nk.batch_normalization(X, *params, opset=opset, spatial=0, num_outputs=5,
+                                     data_format=data_format, **kw)
+    flat = tuple(p.reshape(-1) for p in params)
+    X2 = _per_activation(X, data_format)
+    expect_training_close((outputs[0].reshape(X2.shape), *(o.reshape(-1) for o in outputs[1:3])),
+                          X2, flat, 0.9, "NCX")
+    assert all(o.shape == sample for o in outputs[1:])
+    _, _, _, mean, var = batch_norm_training(X2, *flat, EPS, 0.9)
+    expect_stats_close(outputs[3].reshape(-1), mean, dtype)
+    expect_stats_close(outputs[4].reshape(-1), var, dtype)
+    if opset != 1:  # test mode: inference per activation
+        test_kw = {"is_test": 1} if opset == 6 else {}
+        Y = nk.batch_normalization(X, *params, opset=opset, spatial=0, data_format=data_format,
+                                   **test_kw)
+        assert_identical(Y.reshape(X2.shape),
+                         nk.batch_normalization(X2, *flat, opset=opset, **test_kw))
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+def test_spatial_0_broadcasts_per_channel_parameters_in_opset_6(rng, data_format):
+    shape = to_layout((5, 3, 4, 6), data_format)
+    X = random_tensor(rng, shape, F32)
+    params = random_params(rng, 3)
+    outputs = nk.batch_normalization(X, *params, opset=6, spatial=0, num_outputs=3,
+                                     data_format=data_format)
+    axis = 1 if data_format == "NCX" else 3
+    full = tuple(np.broadcast_to(np.expand_dims(p, [a for a in range(3) if a != axis - 1]),
+                                 shape[1:]).copy() for p in params)
+    expected = nk.batch_normalization(X, *full, opset=6, spatial=0, num_outputs=3,
+                                      data_format=data_format)
+    for got, want in zip(outputs, expected, strict=True):
+        assert_identical(got, want)

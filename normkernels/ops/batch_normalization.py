@@ -10,7 +10,7 @@ Y with the batch statistics (population variance) and returns the running statis
 ``input * momentum + batch * (1 - momentum)`` in the dtype of input_mean/input_var;
 opsets 1-9 add saved_mean and saved_var (the batch mean and variance, as the spec
 words it; ``saved_var="inv_std"`` gives onnxruntime's 1/sqrt(var + epsilon)).
-``spatial=0`` is not implemented yet.
+``spatial=0`` (opsets 1, 6, 7) computes statistics per activation over N.
 """
 
 import functools
@@ -120,8 +120,6 @@ def mode(version, attrs, num_outputs):
             or not 1 <= num_outputs <= 5:
         raise ValueError(f"{label}: num_outputs must be an integer from 1 to 5 (Y, mean, "
                          f"var, saved_mean, saved_var), got {num_outputs!r}")
-    if "spatial" in attrs and not attrs["spatial"]:
-        raise NotImplementedError(f"{label}: spatial=0 is not implemented yet")
     if version.since in (1, 6):
         training = not attrs["is_test"]
         if not training and num_outputs > 1:
@@ -162,16 +160,63 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     if version.since == 1 and X.ndim != 4:
         raise ValueError(f"{label}: X must be 4-D (N x C x H x W), got shape {X.shape}")
     eps = common.check_epsilon(label, attrs["epsilon"])
-    C = common.channel_count(X, data_format)
-    common.check_channel_params(label, C, arrays)
     if out is not None:
         common.check_out(label, out, X, arrays)
-    if mode(version, attrs, num_outputs) == "inference":
+    run_mode = mode(version, attrs, num_outputs)
+    if not attrs.get("spatial", 1):
+        return _non_spatial(label, version, X, arrays, data_format, out, (
+            run_mode, eps, attrs["momentum"], num_outputs, saved_var, engine, path))
+    common.check_channel_params(label, common.channel_count(X, data_format), arrays)
+    return _run(label, version, X, arrays, data_format, out, run_mode, eps, attrs["momentum"],
+                num_outputs, saved_var, engine, path)
+
+
+def _non_spatial(label, version, X, arrays, data_format, out, run_args):
+    """``spatial=0``: statistics and parameters per activation (every position of
+    the non-batch axes), so X runs as N x F with F activations, F = X.size / N.
+
+    Parameters have the shape of one sample (``X.shape[1:]``: C x D1 ... Dn in NCX);
+    opsets 1 and 6 also take shape (C,), broadcast over the spatial positions. The
+    statistics outputs then have the shape of one sample.
+    """
+    sample = X.shape[1:] if X.ndim > 1 else ()
+    C = common.channel_count(X, data_format)
+    positions = int(np.prod(sample, dtype=np.int64)) // max(C, 1) if sample else 1
+    expanded = {}
+    for name, p in arrays.items():
+        if p.shape == sample or (not sample and p.shape == (1,)):
+            expanded[name] = p.reshape(-1)
+        elif version.since in (1, 6) and p.shape == (C,):
+            expanded[name] = (np.repeat(p, positions) if data_format == "NCX"
+                              else np.tile(p, positions))
+        else:
+            allowed = f"{sample}" + (f" or ({C},)" if version.since in (1, 6) else "")
+            raise ValueError(f"{label}: with spatial=0, {name} must have shape {allowed} "
+                             f"(one value per activation), got {p.shape}")
+    X2 = X.reshape(X.shape[0], -1) if X.ndim > 1 else X.reshape(-1, 1)
+    out2 = out.reshape(X2.shape) if out is not None and out.flags.c_contiguous else None
+    result = _run(label, version, X2, expanded, "NCX", out2, *run_args)
+    if isinstance(result, tuple):
+        Y, stats = result[0], tuple(v.reshape(sample or (1,)) for v in result[1:])
+    else:
+        Y, stats = result, ()
+    Y = Y.reshape(X.shape)
+    if out is not None and out2 is None:
+        np.copyto(out, Y)
+        Y = out
+    elif out is not None:
+        Y = out
+    return (Y, *stats) if isinstance(result, tuple) else Y
+
+
+def _run(label, version, X, arrays, data_format, out, run_mode, eps, momentum, num_outputs,
+         saved_var, engine, path):
+    if run_mode == "inference":
         mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"],
                                             arrays["input_mean"], arrays["input_var"], eps,
                                             X.dtype)
         return common.normalize(X, mean, a, b, data_format, out, engine, path)
-    return _training(label, version, X, arrays, eps, _check_momentum(label, attrs["momentum"]),
+    return _training(label, version, X, arrays, eps, _check_momentum(label, momentum),
                      num_outputs or 1, saved_var, data_format, out, engine, path)
 
 
