@@ -359,3 +359,17 @@ def test_spatial_0_broadcasts_per_channel_parameters_in_opset_6(rng, data_format
                                       data_format=data_format)
     for got, want in zip(outputs, expected, strict=True):
         assert_identical(got, want)
+
+
+@pytest.mark.parametrize("data_format", LAYOUTS)
+def test_outlier_first_element_takes_the_two_pass_path(rng, data_format):
+    """The one-pass method shifts by the first element of each block; an outlier there
+    would cancel catastrophically, so such blocks are redone in two passes."""
+    shape = to_layout((4, 3, 70, 70), data_format)
+    X = random_tensor(rng, shape, F64)
+    flat = X.reshape(-1)
+    flat[::4096] = 1e9  # first elements of planes' sub-blocks and of row blocks
+    mean, var = nk.moments(X, data_format=data_format)
+    exact_mean, exact_var = batch_statistics(X, data_format)
+    np.testing.assert_allclose(var, exact_var, rtol=1e-12)
+    np.testing.assert_allclose(mean, exact_mean, rtol=1e-14)
