@@ -193,7 +193,8 @@ def _non_spatial(label, version, X, arrays, data_format, out, run_args):
             allowed = f"{sample}" + (f" or ({C},)" if version.since in (1, 6) else "")
             raise ValueError(f"{label}: with spatial=0, {name} must have shape {allowed} "
                              f"(one value per activation), got {p.shape}")
-    X2 = X.reshape(X.shape[0], -1) if X.ndim > 1 else X.reshape(-1, 1)
+    activations = int(np.prod(sample, dtype=np.int64)) if sample else 1
+    X2 = X.reshape(X.shape[0], activations)
     out2 = out.reshape(X2.shape) if out is not None and out.flags.c_contiguous else None
     result = _run(label, version, X2, expanded, "NCX", out2, *run_args)
     if isinstance(result, tuple):
