@@ -130,16 +130,6 @@ def mode(version, attrs, num_outputs):
     return "training" if training else "inference"
 
 
-def _check_momentum(label, momentum):
-    try:
-        value = float(momentum)
-    except (TypeError, ValueError):
-        raise TypeError(f"{label}: momentum must be a float, got {momentum!r}") from None
-    if not np.isfinite(value):
-        raise ValueError(f"{label}: momentum must be finite, got {value}")
-    return value
-
-
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
                         training_mode=None, is_test=None, spatial=None, consumed_inputs=None,
                         num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
@@ -217,8 +207,9 @@ def _run(label, version, X, arrays, data_format, out, run_mode, eps, momentum, n
                                             arrays["input_mean"], arrays["input_var"], eps,
                                             X.dtype)
         return common.normalize(X, mean, a, b, data_format, out, engine, path)
-    return _training(label, version, X, arrays, eps, _check_momentum(label, momentum),
-                     num_outputs or 1, saved_var, data_format, out, engine, path)
+    momentum = common.check_float_attribute(label, "momentum", momentum)
+    return _training(label, version, X, arrays, eps, momentum, num_outputs or 1, saved_var,
+                     data_format, out, engine, path)
 
 
 def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, data_format,

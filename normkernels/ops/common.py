@@ -58,16 +58,21 @@ def check_same_dtype(op, type_var, named_arrays):
                         f"and must have one dtype, got {listed}")
 
 
-def check_epsilon(op, epsilon, positive=False):
+def check_float_attribute(op, name, value, positive=False):
+    """A FLOAT attribute: a finite number (and > 0 when ``positive``)."""
     try:
-        eps = float(epsilon)
+        number = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{op}: epsilon must be a float, got {epsilon!r}") from None
-    if not math.isfinite(eps):
-        raise ValueError(f"{op}: epsilon must be finite, got {eps}")
-    if positive and eps <= 0:
-        raise ValueError(f"{op}: epsilon must be positive, got {eps}")
-    return eps
+        raise TypeError(f"{op}: {name} must be a float, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{op}: {name} must be finite, got {number}")
+    if positive and number <= 0:
+        raise ValueError(f"{op}: {name} must be positive, got {number}")
+    return number
+
+
+def check_epsilon(op, epsilon, positive=False):
+    return check_float_attribute(op, "epsilon", epsilon, positive)
 
 
 def check_data_format(op, data_format):
