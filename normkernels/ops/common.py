@@ -171,17 +171,22 @@ def physical_layout(X, data_format):
     return None
 
 
-def contiguous_layout(X, data_format):
-    """``(Xc, C, S)``: X itself, viewed C-contiguous in its memory order when it is
-    channels-first or channels-last in memory, else a contiguous copy; channel ``c``
-    of flat element ``i`` of ``Xc`` is ``(i // S) % C``."""
-    C = channel_count(X, data_format)
+def _layout_or_copy(X, data_format):
+    """``(X, order, S)`` from :func:`physical_layout`, X replaced by a C-contiguous
+    copy when it is neither channels-first nor channels-last in memory."""
     layout = physical_layout(X, data_format)
     if layout is None:
         X = np.ascontiguousarray(X)
         layout = physical_layout(X, data_format)
-    order, S = layout
-    return X.transpose(order), C, S
+    return X, *layout
+
+
+def contiguous_layout(X, data_format):
+    """``(Xc, C, S)``: X itself, viewed C-contiguous in its memory order when it is
+    channels-first or channels-last in memory, else a contiguous copy; channel ``c``
+    of flat element ``i`` of ``Xc`` is ``(i // S) % C``."""
+    X, order, S = _layout_or_copy(X, data_format)
+    return X.transpose(order), channel_count(X, data_format), S
 
 
 def normalize(X, mean, a, b, data_format, out, engine, path=None):
@@ -198,11 +203,7 @@ def normalize(X, mean, a, b, data_format, out, engine, path=None):
         order = None
         S = math.prod(X.shape[2:]) if data_format == "NCX" and X.ndim > 2 else 1
     else:
-        layout = physical_layout(X, data_format)
-        if layout is None:
-            X = np.ascontiguousarray(X)
-            layout = physical_layout(X, data_format)
-        order, S = layout
+        X, order, S = _layout_or_copy(X, data_format)
     if out is not None and (out.flags.c_contiguous if order is None
                             else out.transpose(order).flags.c_contiguous):
         y = out
