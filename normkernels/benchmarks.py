@@ -10,6 +10,7 @@ shared, noisy machine shifts all of them together and the ratios hold:
 * ``numpy``: the NumPy formula a user would write.
 """
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -230,13 +231,10 @@ def max_relative_error(a, b):
     return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
 
 
-_FLUSHER = []
-
-
+@functools.cache
 def _flusher():
-    if not _FLUSHER:
-        _FLUSHER.append(CacheFlusher())
-    return _FLUSHER[0]
+    """One scratch buffer for the whole run (allocated on first use)."""
+    return CacheFlusher()
 
 
 def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
