@@ -42,6 +42,9 @@ PLANE_CHUNK = 1 << 16  # elements per parallel work item of the planes kernel
 ROW_BLOCK_ELEMENTS = 1 << 16  # about this many elements per (row block, column tile)
 MIN_ROWS_PER_BLOCK = 16  # bounds the partials to 1/16 of X's elements
 COLUMN_TILE = 4096  # columns per work item, so few wide rows still parallelise
+# Rows added to the column accumulators per sweep: NXC (32,112,112,64) f32 moments
+# went from about 55% to 70% of a read-only sum's bandwidth with 4; 8 measured slower.
+ROW_UNROLL = 4
 
 
 @njit(**_INLINE)
@@ -188,8 +191,22 @@ def row_partials(x, P, rows_per_block, part_mean, part_m2):
             shift[j] = np.float64(load(x, first * P + j0 + j))
         s1 = np.zeros(width)
         s2 = np.zeros(width)
-        for r in range(first, last):
-            row = x[r * P + j0:r * P + j1]
+        r = first
+        while r + ROW_UNROLL <= last:  # four rows per sweep of the accumulators
+            r0 = x[r * P + j0:r * P + j1]
+            r1 = x[(r + 1) * P + j0:(r + 1) * P + j1]
+            r2 = x[(r + 2) * P + j0:(r + 2) * P + j1]
+            r3 = x[(r + 3) * P + j0:(r + 3) * P + j1]
+            for j in range(width):
+                d0 = _deviation(r0, j, shift[j])
+                d1 = _deviation(r1, j, shift[j])
+                d2 = _deviation(r2, j, shift[j])
+                d3 = _deviation(r3, j, shift[j])
+                s1[j] += (d0 + d1) + (d2 + d3)
+                s2[j] += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)
+            r += ROW_UNROLL
+        for tail in range(r, last):
+            row = x[tail * P + j0:tail * P + j1]
             for j in range(width):
                 d = _deviation(row, j, shift[j])
                 s1[j] += d
