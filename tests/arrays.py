@@ -20,6 +20,7 @@ SHAPES = {
     "spatial1": (4, 6, 1, 1),
     "odd": (3, 7, 33, 17),
     "planes49": (2, 9, 7, 7),
+    "rows49": (40, 5, 7, 7),  # short planes, many rows: the rows moments kernel
     "parallel": (2, 17, 61, 67),  # above the serial threshold
 }
 

@@ -222,9 +222,10 @@ def test_float16_sum_of_squares_does_not_overflow(rng, data_format):
 
 @pytest.mark.parametrize("data_format", LAYOUTS)
 @pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
-def test_moments_accuracy_at_large_mean(rng, dtype, data_format):
+@pytest.mark.parametrize("ncx_shape", [(16, 8, 64, 64), (40, 8, 7, 7)])
+def test_moments_accuracy_at_large_mean(rng, dtype, data_format, ncx_shape):
     """Mean 1e4, std 1: float64 accumulation, variance within 1e-12 relative."""
-    shape = to_layout((16, 8, 64, 64), data_format)
+    shape = to_layout(ncx_shape, data_format)
     X = random_tensor(rng, shape, dtype, mean=1e4)
     mean, var = nk.moments(X, data_format=data_format)
     exact_mean, exact_var = batch_statistics(X, data_format)
@@ -246,6 +247,7 @@ def test_moments_accuracy_16_bit(rng, dtype, data_format):
 
 @pytest.mark.parametrize("shape,data_format", [
     ((8, 16, 300, 300), "NCX"), ((4, 200, 200, 64), "NXC"), ((64, 2048, 3, 3), "NCX"),
+    ((64, 300, 7, 7), "NCX"), ((8, 300, 7, 7), "NCX"),
     ((3_000_001,), "NCX")])
 def test_statistics_do_not_depend_on_thread_count(rng, shape, data_format):
     X = random_tensor(rng, shape, F32, mean=5.0)

@@ -143,6 +143,14 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
 # Rows narrower than this are widened to a multiple of C * S columns, so the
 # per-column loop of the rows kernel has something to vectorise (NXC with C = 3).
 MIN_ROW_COLUMNS = 64
+# Planes kernel or rows kernel for NCX statistics. The planes kernel pays per plane
+# (a partial and a merge each), the rows kernel per row block (two float64 partials
+# per column): with N = 64, S = 49 (64,2048,7,7) rows took 1.7 ms against planes
+# 3.7 ms (a read-only sum: 1.1 ms), planes won from S = 784; with N = 8 the rows
+# kernel's partials outweigh X and planes won at every S >= 49.
+MOMENTS_MIN_PLANE = 32
+MOMENTS_SHORT_PLANE = 512
+MOMENTS_MIN_ROWS = 32
 
 
 def moments(x, C, S):
@@ -156,7 +164,8 @@ def moments(x, C, S):
     m2 = np.zeros(C)
     if C == 1:
         S = xs.size  # one channel: the whole tensor is one plane
-    if S >= loops.MIN_PLANE:
+    n_rows = xs.size // (C * S)
+    if S >= MOMENTS_MIN_PLANE and (S >= MOMENTS_SHORT_PLANE or n_rows < MOMENTS_MIN_ROWS):
         chunks = -(-S // reductions.PLANE_CHUNK)
         part_mean = np.empty(xs.size // S * chunks)
         part_m2 = np.empty_like(part_mean)
