@@ -13,9 +13,10 @@ import platform
 import numba
 import numpy as np
 
+from normkernels.kernels import instance
 from normkernels.kernels import moments as reductions
 from normkernels.kernels import scale_shift as loops
-from normkernels.kernels.storage import storage_view
+from normkernels.kernels.storage import compute_dtype, storage_view
 
 PATHS = ("serial", "parallel", "streaming")
 
@@ -96,6 +97,18 @@ def parameter_tables(C, S, mean, a, b):
     return period, mean[channel], a[channel], b[channel]
 
 
+def _checked_path(ys, path):
+    """``path``, or the one :func:`choose_path` picks; streaming falls back to
+    parallel where it cannot run."""
+    if path is None:
+        return choose_path(ys)
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path == "streaming" and not (streaming_supported() and ys.flags.aligned):
+        return "parallel"
+    return path
+
+
 def scale_shift(x, y, C, S, mean, a, b, path=None):
     """``y = (x - mean[c]) * a[c] + b[c]`` with ``c = (i // S) % C`` for flat index ``i``.
 
@@ -115,12 +128,7 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
         raise ValueError("scale_shift: x and y must be C-contiguous")
     xs = storage_view(x.reshape(-1))
     ys = storage_view(y.reshape(-1))
-    if path is None:
-        path = choose_path(ys)
-    elif path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    elif path == "streaming" and not (streaming_supported() and ys.flags.aligned):
-        path = "parallel"
+    path = _checked_path(ys, path)
     if use_planes(C, S, mean.itemsize):
         if path == "serial":
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
@@ -189,5 +197,80 @@ def _row_moments(xs, P, C, S, count, mean, m2):
     n_blocks = -(-n_rows // rows_per_block)
     part_mean = np.empty((n_blocks, P))
     part_m2 = np.empty((n_blocks, P))
-    reductions.row_partials(xs, P, rows_per_block, part_mean, part_m2)
+    reductions.row_partials(xs, P, n_rows, rows_per_block, part_mean, part_m2)
     reductions.merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2)
+
+
+# Instance normalization, NCX: one plane per work item (statistics, then normalize
+# while the plane is in L2) up to this many bytes per plane; larger planes, or fewer
+# planes than twice the threads, are split into chunks across the threads.
+FUSED_MAX_PLANE_BYTES = 1 << 20
+
+
+def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
+    """Instance normalization of NCX memory: ``N * C`` planes of ``S`` elements,
+    plane ``p`` of channel ``p % C``, normalized with its own mean and population
+    variance; writes ``y`` and returns the per-plane ``(mean, M2)`` (float64).
+    ``scale``, ``B``: length ``C``, any storage dtype. Bitwise independent of the
+    thread count and of ``path``."""
+    xs = storage_view(x.reshape(-1))
+    ys = storage_view(y.reshape(-1))
+    n_planes = xs.size // S
+    cd = compute_dtype(x.dtype)
+    mean, m2 = np.empty(n_planes), np.empty(n_planes)
+    m, a, b = np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd)
+    args = (C, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2, m, a, b)
+    path = _checked_path(ys, path)
+    split = S >= loops.MIN_PLANE and path != "serial" and (
+        S * xs.itemsize > FUSED_MAX_PLANE_BYTES or n_planes < 2 * numba.get_num_threads())
+    if split:
+        chunks = -(-S // reductions.PLANE_CHUNK)
+        part_mean = np.empty(n_planes * chunks)
+        part_m2 = np.empty_like(part_mean)
+        reductions.plane_partials(xs, S, part_mean, part_m2)
+        reductions.merge_planes(part_mean, part_m2, n_planes, S, np.zeros(n_planes, np.int64),
+                                mean, m2)
+        instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
+        scale_shift(xs, ys, n_planes, S, m, a, b, path)
+    elif path == "serial":
+        instance.fused_planes_serial(xs, ys, *args)
+    elif path == "streaming" and S >= loops.MIN_PLANE:
+        instance.fused_planes_streaming(xs, ys, *args)
+    else:
+        instance.fused_planes_parallel(xs, ys, *args)
+    return mean, m2
+
+
+# Instance normalization, NXC: samples of at least this many elements are normalized
+# by one scale_shift call each (streaming stores, parameter tables); smaller ones by
+# one launch over all samples.
+SAMPLE_CALL_MIN_ELEMENTS = 1 << 16
+
+
+def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
+    """Instance normalization of NXC memory: ``N`` samples of ``R`` rows of ``C``
+    columns, each (n, c) normalized with its own statistics over the R rows; writes
+    ``y`` and returns the per-(n, c) ``(mean, M2)`` (float64, flat ``n * C + c``)."""
+    xs = storage_view(x.reshape(-1))
+    ys = storage_view(y.reshape(-1))
+    R = xs.size // (N * C)
+    rows_per_block = min(R, max(reductions.MIN_ROWS_PER_BLOCK,
+                                reductions.ROW_BLOCK_ELEMENTS // min(C, reductions.COLUMN_TILE)))
+    blocks = -(-R // rows_per_block)
+    part_mean = np.empty((N * blocks, C))
+    part_m2 = np.empty_like(part_mean)
+    reductions.row_partials(xs, C, R, rows_per_block, part_mean, part_m2)
+    mean, m2 = np.empty(N * C), np.empty(N * C)
+    instance.merge_sample_rows(part_mean, part_m2, R, rows_per_block, mean, m2)
+    cd = compute_dtype(x.dtype)
+    m, a, b = np.empty(N * C, cd), np.empty(N * C, cd), np.empty(N * C, cd)
+    instance.fold_planes(C, R, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
+                         m, a, b)
+    if R * C >= SAMPLE_CALL_MIN_ELEMENTS:
+        x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
+        for n in range(N):
+            cs = slice(n * C, (n + 1) * C)
+            scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
+    else:
+        instance.normalize_rows(xs, ys, C, R, rows_per_block, m, a, b)
+    return mean, m2

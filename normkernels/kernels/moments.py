@@ -175,22 +175,26 @@ def _rows_two_pass(x, P, first, last, j0, mean, m2):
 
 
 @njit(parallel=True, **MOMENTS_OPTIONS)
-def row_partials(x, P, rows_per_block, part_mean, part_m2):
-    """Partials per (row block, column): ``part_*[b, j]`` for column ``j`` of the rows
-    ``b * rows_per_block ...`` of X viewed as rows of ``P``; work items are (row block,
-    tile of COLUMN_TILE columns). One pass over deviations from the block's first row
+def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
+    """Partials per (row block, column): X is viewed as rows of ``P`` grouped into
+    samples of ``rows_per_sample`` rows, each sample cut into blocks of
+    ``rows_per_block`` rows (the last one shorter); ``part_*[b, j]`` holds column ``j``
+    of block ``b`` (blocks numbered sample by sample). Work items are (row block, tile
+    of COLUMN_TILE columns). One pass over deviations from the block's first row
     (vectorised across columns, see :func:`_span`), two passes for a block where that
-    cancels badly."""
-    n_rows = x.size // P
-    n_blocks = part_mean.shape[0]
+    cancels badly. Batch statistics use one sample (all rows); instance statistics
+    one sample per N."""
+    n_samples = x.size // P // rows_per_sample
+    blocks_per_sample = part_mean.shape[0] // n_samples
     n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
-    for item in prange(n_blocks * n_tiles):
+    for item in prange(part_mean.shape[0] * n_tiles):
         blk = item // n_tiles
         j0 = (item % n_tiles) * COLUMN_TILE
         j1 = min(P, j0 + COLUMN_TILE)
         width = j1 - j0
-        first = blk * rows_per_block
-        last = min(n_rows, first + rows_per_block)
+        sample_first = (blk // blocks_per_sample) * rows_per_sample
+        first = sample_first + (blk % blocks_per_sample) * rows_per_block
+        last = min(sample_first + rows_per_sample, first + rows_per_block)
         # local accumulators and a float64 copy of the shift row: 9.2 -> 7.2 ms on
         # (32,112,112,64) f32 against accumulating in the partials' rows
         shift = np.empty(width)

@@ -1,0 +1,155 @@
+"""Instance normalization: statistics per (n, c) and the normalize pass.
+
+Layouts as elsewhere: NCX memory is ``N * C`` planes of ``S`` elements (plane
+``p = n * C + c``); NXC memory is ``N`` samples of ``R`` rows of ``C`` columns.
+
+* **Fused planes** (NCX): one work item per plane computes its statistics, folds its
+  parameters and normalizes it while it is still in L1/L2, with streaming stores for
+  large outputs, so X is read from memory once.
+* **Split planes** (NCX planes too large for L2, or fewer planes than threads): the
+  planes kernel of :mod:`normkernels.kernels.moments` reduces chunks of
+  ``PLANE_CHUNK`` in parallel, the chunks are merged per plane, then the normalize
+  pass of :mod:`normkernels.kernels.scale_shift` runs. The statistics of a plane are
+  the same chunk partials merged in the same order on both paths, so the two paths
+  give bitwise the same Y, and the choice between them (which depends on the thread
+  count) never changes a result.
+* **Rows** (NXC): row blocks of each sample are reduced per column (the rows kernel
+  of :mod:`normkernels.kernels.moments`), merged per (n, c), then normalized.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.elements import load
+from normkernels.kernels.fold import fold_one
+from normkernels.kernels.moments import (
+    MOMENTS_OPTIONS,
+    PLANE_CHUNK,
+    _chunk,
+    _difference,
+    chan_merge,
+)
+from normkernels.kernels.scale_shift import (
+    KERNEL_OPTIONS,
+    MIN_PLANE,
+    _planes_range,
+    _planes_scalar,
+    _run_tables,
+    _stream_one,
+    _stream_split,
+    _vector_one,
+    _vector_split,
+    store_fence,
+)
+
+_INLINE = dict(KERNEL_OPTIONS, inline="always")
+
+
+@njit(**MOMENTS_OPTIONS)
+def plane_statistics(x):
+    """(mean, M2) of one plane: chunks of PLANE_CHUNK reduced as
+    :func:`normkernels.kernels.moments.plane_partials` does, merged in order as
+    :func:`normkernels.kernels.moments.merge_planes` does. Compiled apart (not
+    inlined) so the caller's strict floating point does not apply to it."""
+    n, mu, q = 0, 0.0, 0.0
+    for lo in range(0, x.size, PLANE_CHUNK):
+        hi = min(x.size, lo + PLANE_CHUNK)
+        mean_k, m2_k = _chunk(x[lo:hi])
+        n, mu, q = chan_merge(n, mu, q, hi - lo, mean_k, m2_k)
+    return mu, q
+
+
+@njit(**_INLINE)
+def _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, streaming):
+    lo = p * S
+    hi = lo + S
+    mu, q = plane_statistics(x[lo:hi])
+    mean[p] = mu
+    m2[p] = q
+    c = p % C
+    fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mu, q / S, epsilon,
+             m, a, b, p)
+    n_planes = mean.size
+    if S < MIN_PLANE:
+        _planes_scalar(x, y, lo, hi, n_planes, S, m, a, b)
+    elif streaming:
+        _planes_range(x, y, lo, hi, n_planes, S, m, a, b, _stream_one, _stream_split)
+    else:
+        _planes_range(x, y, lo, hi, n_planes, S, m, a, b, _vector_one, _vector_split)
+
+
+@njit(**KERNEL_OPTIONS)
+def fused_planes_serial(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
+    """Every plane ``p``: statistics into ``mean[p], m2[p]`` (float64), parameters
+    into ``m[p], a[p], b[p]`` (compute dtype), Y; one thread."""
+    for p in range(mean.size):
+        _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, False)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def fused_planes_parallel(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
+    """:func:`fused_planes_serial`, planes in parallel."""
+    for p in prange(mean.size):
+        _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, False)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def fused_planes_streaming(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
+    """:func:`fused_planes_parallel` with streaming stores (``S >= MIN_PLANE``)."""
+    for p in prange(mean.size):
+        _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, True)
+        store_fence()
+
+
+@njit(**KERNEL_OPTIONS)
+def fold_planes(C, count, scale, B, epsilon, mean, m2, m, a, b):
+    """Parameters of every plane ``p`` (channel ``p % C``) from its statistics, as
+    the fused kernels fold them."""
+    for p in range(mean.size):
+        c = p % C
+        fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mean[p],
+                 m2[p] / count, epsilon, m, a, b, p)
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def merge_sample_rows(part_mean, part_m2, rows_per_sample, rows_per_block, mean, m2):
+    """Per-(n, c) (mean, M2) from :func:`~normkernels.kernels.moments.row_partials`
+    run with one sample per n and ``P = C`` columns: the blocks of each sample are
+    combined exactly as groups, in order (see
+    :func:`~normkernels.kernels.moments.merge_rows`), in parallel over (n, c)."""
+    C = part_mean.shape[1]
+    blocks_per_sample = part_mean.shape[0] * C // mean.size
+    for item in prange(mean.size):
+        first = (item // C) * blocks_per_sample
+        c = item % C
+        shift = part_mean[first, c]
+        total = 0.0
+        for k in range(blocks_per_sample):
+            size = min(rows_per_block, rows_per_sample - k * rows_per_block)
+            total += size * _difference(part_mean[first + k, c], shift)
+        mu = shift + total / rows_per_sample
+        q = 0.0
+        for k in range(blocks_per_sample):
+            size = min(rows_per_block, rows_per_sample - k * rows_per_block)
+            d = part_mean[first + k, c] - mu
+            q += part_m2[first + k, c] + size * (d * d)
+        mean[item] = mu
+        m2[item] = q
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b):
+    """NXC: ``y = (x - m[n, c]) * a[n, c] + b[n, c]`` (parameters flat, ``n * C + c``)
+    over blocks of rows in parallel; for samples too small to be worth a launch each."""
+    n_samples = m.size // C
+    blocks_per_sample = (rows_per_sample + rows_per_block - 1) // rows_per_block
+    for item in prange(n_samples * blocks_per_sample):
+        n = item // blocks_per_sample
+        first = n * rows_per_sample + (item % blocks_per_sample) * rows_per_block
+        last = min((n + 1) * rows_per_sample, first + rows_per_block)
+        mn = m[n * C:(n + 1) * C]
+        an = a[n * C:(n + 1) * C]
+        bn = b[n * C:(n + 1) * C]
+        for r in range(first, last):
+            _run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn)
