@@ -5,8 +5,8 @@ kernel compiles on its first call per (dtype, layout), then comes from the disk 
 """
 
 __version__ = "0.1.0"
-__all__ = ["batch_norm_inference", "batch_normalization", "merge_moments", "moments",
-           "partial_moments"]
+__all__ = ["batch_norm_inference", "batch_normalization", "instance_normalization",
+           "merge_moments", "moments", "partial_moments"]
 
 
 def __getattr__(name):

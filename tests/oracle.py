@@ -100,3 +100,56 @@ def batch_norm_training(X, scale, B, input_mean, input_var, epsilon, momentum,
     running_mean = f(input_mean) * momentum + mean * (1 - momentum)
     running_var = f(input_var) * momentum + var * (1 - momentum)
     return Y, running_mean, running_var, mean, var
+
+
+def instance_statistics(X, data_format="NCX"):
+    """Mean and population variance of every (n, c) over the spatial axes, float64,
+    shaped to broadcast against X (keepdims). Corrected two-pass from a contiguous
+    per-(n, c) copy, as :func:`batch_statistics`."""
+    x = np.asarray(X).astype(np.float64)
+    if data_format == "NXC":
+        x = np.moveaxis(x, -1, 1)
+    N, C = x.shape[:2]
+    planes = np.ascontiguousarray(x).reshape(N, C, -1)
+    with np.errstate(invalid="ignore"):
+        mean = planes.mean(axis=2, keepdims=True)
+        dev = planes - mean
+        var = (dev * dev).mean(axis=2, keepdims=True) - dev.mean(axis=2, keepdims=True) ** 2
+    shape = (N, C) + (1,) * (x.ndim - 2)
+    mean, var = mean.reshape(shape), var.reshape(shape)
+    if data_format == "NXC":
+        mean, var = np.moveaxis(mean, 1, -1), np.moveaxis(var, 1, -1)
+    return mean, var
+
+
+def instance_norm(X, scale, B, epsilon, data_format="NCX"):
+    """ONNX InstanceNormalization in float64:
+    ``y = scale * (x - mean) / sqrt(var + epsilon) + B`` per (n, c)."""
+    mean, var = instance_statistics(X, data_format)
+    shape = channel_shape(X, data_format)
+    f = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
+    x = np.asarray(X).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return f(scale) * (x - mean) / np.sqrt(var + epsilon) + f(B), mean, var
+
+
+def instance_tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype):
+    """Allowed |Y - oracle| for instance normalization: the rounding model of
+    :func:`tolerance` with per-(n, c) statistics (``mean``, ``var`` broadcastable, as
+    :func:`instance_statistics` gives them). The mean is rounded to the compute dtype
+    and the residual folded into b, so b grows by up to ulp(mean) * a; plus 16 float64
+    ulp for the float64 accumulation of the statistics."""
+    compute = np.float64 if np.dtype(out_dtype) == np.float64 else np.float32
+    eps = np.finfo(compute).eps
+    shape = channel_shape(X, data_format)
+    f = lambda v: np.abs(np.asarray(v, dtype=np.float64).reshape(shape))  # noqa: E731
+    x = np.asarray(X).astype(np.float64)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        a = f(scale) / np.sqrt(var + epsilon)
+        terms = (np.abs(x - mean) + ulp(mean, compute)) * a + f(B)
+        tol = 4 * eps * terms + 16 * np.finfo(np.float64).eps * (terms + np.abs(mean) * a)
+        if np.dtype(out_dtype).itemsize == 2:
+            signed = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
+            exact = signed(scale) * (x - mean) / np.sqrt(var + epsilon) + signed(B)
+            tol = tol + ulp(np.abs(exact) + tol, out_dtype)
+    return tol

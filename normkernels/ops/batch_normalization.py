@@ -56,24 +56,12 @@ VERSIONS = {
 @functools.cache
 def version_for(opset):
     """The BatchNormalization version in force at ``opset``."""
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
-        raise ValueError(f"{OP}: opset must be an integer >= 1, got {opset!r}")
-    return VERSIONS[max(v for v in VERSIONS if v <= opset)]
+    return common.version_in_force(OP, VERSIONS, opset)
 
 
 def resolve_attributes(version, given):
-    """Schema defaults overlaid with the attributes the caller gave (not None);
-    an attribute the version does not have is a TypeError."""
-    attrs = dict(version.attributes)
-    for name, value in given.items():
-        if value is None:
-            continue
-        if name not in attrs:
-            have = ", ".join(sorted(attrs))
-            raise TypeError(f"{OP}-{version.since} has no attribute {name!r} "
-                            f"(its attributes: {have})")
-        attrs[name] = value
-    return attrs
+    """Schema defaults overlaid with the attributes the caller gave (not None)."""
+    return common.resolve_attributes(f"{OP}-{version.since}", version.attributes, given)
 
 
 def check_types(version, arrays):

@@ -25,6 +25,32 @@ ALL_FLOATS = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
 _NAMES = {FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
 
 
+def version_in_force(op, versions, opset):
+    """The version of ``op`` serving a model's ``opset``: the highest since-version
+    at or below it (``versions``: since-version -> version record)."""
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
+        raise ValueError(f"{op}: opset must be an integer >= 1, got {opset!r}")
+    eligible = [v for v in versions if v <= opset]
+    if not eligible:
+        raise ValueError(f"{op}: no version at or below opset {opset} "
+                         f"(versions: {', '.join(map(str, sorted(versions)))})")
+    return versions[max(eligible)]
+
+
+def resolve_attributes(label, defaults, given):
+    """Schema ``defaults`` overlaid with the attributes the caller gave (not None);
+    an attribute the version does not have is a TypeError."""
+    attrs = dict(defaults)
+    for name, value in given.items():
+        if value is None:
+            continue
+        if name not in attrs:
+            have = ", ".join(sorted(attrs))
+            raise TypeError(f"{label} has no attribute {name!r} (its attributes: {have})")
+        attrs[name] = value
+    return attrs
+
+
 def dtype_names(dtypes):
     return ", ".join(_NAMES[d] for d in dtypes)
 
@@ -196,6 +222,19 @@ def normalize(X, mean, a, b, data_format, out, engine, path=None):
     tensors (``engine``: :mod:`normkernels.kernels.dispatch` or the NumPy twin
     :mod:`normkernels.reference`).
     """
+    return map_layout(X, data_format, out, lambda x, y, C, S: engine.scale_shift(
+        x, y, C, S, mean, a, b, path))
+
+
+def map_layout(X, data_format, out, kernel):
+    """Y from ``kernel(x, y, C, S)`` run over X's memory order, written to ``out`` (or
+    a new array in X's memory order).
+
+    ``x`` and ``y`` are C-contiguous views (X copied first when it is neither
+    channels-first nor channels-last in memory) in which channel ``c`` of flat
+    element ``i`` is ``(i // S) % C``: ``S`` is the spatial size for channels-first
+    memory and 1 for channels-last.
+    """
     C = channel_count(X, data_format)
     if X.size == 0:
         return np.empty_like(X) if out is None else out
@@ -210,9 +249,9 @@ def normalize(X, mean, a, b, data_format, out, engine, path=None):
     else:
         y = np.empty_like(X)  # same memory order as X
     if order is None:
-        engine.scale_shift(X, y, C, S, mean, a, b, path)
+        kernel(X, y, C, S)
     else:
-        engine.scale_shift(X.transpose(order), y.transpose(order), C, S, mean, a, b, path)
+        kernel(X.transpose(order), y.transpose(order), C, S)
     if out is not None and y is not out:
         np.copyto(out, y)
         return out
