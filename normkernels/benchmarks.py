@@ -26,7 +26,7 @@ DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64
 class Workload:
     name: str
     op: str  # "batchnorm" (ONNX inference), "batchnorm-training", "moments",
-    #          "batchnorm-inference" (oneDNN)
+    #          "batchnorm-inference" (oneDNN), "instancenorm"
     shape: tuple  # in NCX order: (N, C, *spatial)
     dtype: str
     data_format: str = "NCX"
@@ -60,6 +60,12 @@ WORKLOADS = [
              "NCX"),
     Workload("moments-resnet-stem-f32-ncx", "moments", (32, 64, 112, 112), "float32", "NCX"),
     Workload("moments-resnet-stem-f32-nxc", "moments", (32, 64, 112, 112), "float32", "NXC"),
+    Workload("instnorm-style-f32-ncx", "instancenorm", (8, 64, 256, 256), "float32", "NCX"),
+    Workload("instnorm-style-f32-nxc", "instancenorm", (8, 64, 256, 256), "float32", "NXC"),
+    Workload("instnorm-512-f32", "instancenorm", (1, 32, 512, 512), "float32", "NCX"),
+    Workload("instnorm-512-f16", "instancenorm", (1, 32, 512, 512), "float16", "NCX"),
+    Workload("instnorm-512-bf16", "instancenorm", (1, 32, 512, 512), "bfloat16", "NCX"),
+    Workload("instnorm-14x14-f32", "instancenorm", (32, 256, 14, 14), "float32", "NCX"),
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -72,6 +78,8 @@ def make_inputs(workload, seed=0):
     X = rng.standard_normal(workload.layout_shape, dtype=np.float32).astype(dtype)
     C = workload.channels
     pdt = BFLOAT16 if workload.op == "batchnorm-inference" and dtype == BFLOAT16 else FLOAT32
+    if workload.op == "instancenorm":  # scale and B share X's type T
+        pdt = dtype
     scale = rng.uniform(0.5, 2.0, C).astype(pdt)
     B = rng.standard_normal(C).astype(pdt)
     mean = rng.standard_normal(C).astype(pdt)
@@ -90,6 +98,9 @@ def normkernels_call(workload, X, params, out, op=None):
                                                         data_format=fmt, out=out)
     if op == "moments":
         return lambda: normkernels.moments(X, data_format=fmt)
+    if op == "instancenorm":
+        return lambda: normkernels.instance_normalization(X, *params[:2], epsilon=1e-5,
+                                                          data_format=fmt, out=out)
     training = 1 if op == "batchnorm-training" else 0
     return lambda: normkernels.batch_normalization(X, *params, epsilon=1e-5,
                                                    training_mode=training, data_format=fmt,
@@ -123,7 +134,14 @@ def numpy_call(workload, X, params, dtype=None):
     def moments():
         return x.mean(axis=reduced), x.var(axis=reduced)
 
-    return {"moments": moments, "batchnorm-training": training}.get(workload.op, inference)
+    def instance():
+        spatial = tuple(i for i in reduced if i != 0)
+        m = x.mean(axis=spatial, keepdims=True)
+        v = x.var(axis=spatial, keepdims=True)
+        return (x - m) / np.sqrt(v + eps) * scale + B
+
+    return {"moments": moments, "batchnorm-training": training,
+            "instancenorm": instance}.get(workload.op, inference)
 
 
 def _roofline_kernels():
@@ -242,7 +260,8 @@ def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
 
     Baselines: ``copy`` and ``axpb`` for operators that write Y, ``read`` for moments
     (the roofline of an operator that only reads X), and for training the inference
-    of the same tensor (``x_inference``: the cost of the statistics).
+    of the same tensor (``over_inference``: the cost of the statistics); instance
+    normalization is compared with that inference too.
     """
     X, params = make_inputs(workload)
     out = np.empty_like(X)
@@ -256,8 +275,10 @@ def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
     calls = {"normkernels": nk, roofline: baselines[roofline]}
     if not reads_only:
         calls["axpb"] = baselines["axpb"]
-    if workload.op == "batchnorm-training":
-        calls["inference"] = normkernels_call(workload, X, params, np.empty_like(X), "batchnorm")
+    if workload.op in ("batchnorm-training", "instancenorm"):
+        inference_params = tuple(p.astype(FLOAT32) for p in params)
+        calls["inference"] = normkernels_call(workload, X, inference_params, np.empty_like(X),
+                                              "batchnorm")
     if numpy_baseline:
         calls["numpy"] = numpy_call(workload, X, params)
     small = X.nbytes < (1 << 20)  # per-call latency, warm: as called in a loop

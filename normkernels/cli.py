@@ -33,8 +33,9 @@ def cmd_bench(args):
     print(f"normkernels bench: {numba.get_num_threads()} threads, median of up to "
           f"{args.repeat} interleaved repeats; GB/s counts X read + Y written (X read "
           "for moments); roofline = parallel copy of the same bytes (read: a parallel "
-          "read-only sum); / inference = training time over inference time on the same "
-          "tensor; err = max relative error against the formula in float64", flush=True)
+          "read-only sum); / inference = time over BN inference on the same tensor "
+          "(training, instance norm); err = max relative error against the formula in "
+          "float64", flush=True)
     results, rows = [], []
     for name in names:
         r = benchmarks.run_workload(benchmarks.WORKLOADS_BY_NAME[name], repeat=args.repeat,

@@ -202,8 +202,16 @@ def _row_moments(xs, P, C, S, count, mean, m2):
 
 
 # Instance normalization, NCX: one plane per work item (statistics, then normalize
-# while the plane is in L2) up to this many bytes per plane; larger planes, or fewer
-# planes than twice the threads, are split into chunks across the threads.
+# while the plane is in L2) for planes of FUSED_MIN_PLANE elements up to
+# FUSED_MAX_PLANE_BYTES; larger planes, or fewer planes than twice the threads, are
+# split into chunks across the threads, and smaller planes go through the two passes
+# too (per-plane work dominates there). Measured, f32, cold caches, ms (fused/split):
+# (32,256,14,14) 1.14/0.87, (32,256,16,16) 1.21/0.97, (32,128,28,28) 0.97/1.29,
+# (32,64,56,56) 1.99/2.38, (8,64,256,256) 9.9/10.6.
+# Measured and rejected: prefetching the next plane into L2 while normalizing one
+# (2.1x BN inference against 1.8x on (8,64,256,256)), and each thread reducing plane
+# p + 1 sub-block by sub-block while it normalizes plane p (1.96x against 1.63x).
+FUSED_MIN_PLANE = 512
 FUSED_MAX_PLANE_BYTES = 1 << 20
 
 
@@ -222,7 +230,8 @@ def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
     args = (C, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2, m, a, b)
     path = _checked_path(ys, path)
     split = S >= loops.MIN_PLANE and path != "serial" and (
-        S * xs.itemsize > FUSED_MAX_PLANE_BYTES or n_planes < 2 * numba.get_num_threads())
+        S < FUSED_MIN_PLANE or S * xs.itemsize > FUSED_MAX_PLANE_BYTES
+        or n_planes < 2 * numba.get_num_threads())
     if split:
         chunks = -(-S // reductions.PLANE_CHUNK)
         part_mean = np.empty(n_planes * chunks)
@@ -243,8 +252,9 @@ def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
 
 # Instance normalization, NXC: samples of at least this many elements are normalized
 # by one scale_shift call each (streaming stores, parameter tables); smaller ones by
-# one launch over all samples.
-SAMPLE_CALL_MIN_ELEMENTS = 1 << 16
+# one launch over all samples. Measured (f32, ms, 64K / 1M / never): (32,28,28,128)
+# 2.12/1.55/1.64, (8,256,256,64) 13.6/14.0/15.9, (32,14,14,256) 0.77/0.70/0.94.
+SAMPLE_CALL_MIN_ELEMENTS = 1 << 20
 # Rows accumulated one after another per column before a (exact) merge: the rounding
 # of a sequential float64 sum grows with its length. 131072 rows of C = 2 put the
 # mean 4e-14 relative off on std-2 data; batch statistics never exceed this anyway
