@@ -100,17 +100,32 @@ def cmd_warmup(args):
 
     rows = []
     start = time.perf_counter()
+
+    def timed(name, label, path, kernel, *args):
+        t0 = time.perf_counter()
+        kernel(*args)
+        rows.append([name, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
+
     for name, dtype in DTYPES.items():
+        p = np.ones(3, np.float32)
+        m, a, b = fold_parameters(p, p, p, p, 1e-5, dtype)
         for label, (shape, S) in {"planes": ((2, 3, 64), 64), "periodic": ((2, 3, 4), 4)}.items():
             x = np.zeros(shape, dtype)
-            p = np.ones(3, np.float32)
             for path in dispatch.PATHS:
-                t0 = time.perf_counter()
-                m, a, b = fold_parameters(p, p, p, p, 1e-5, dtype)
-                dispatch.scale_shift(x, np.empty_like(x), 3, S, m, a, b, path=path)
-                rows.append([name, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
+                timed(name, label, path, dispatch.scale_shift, x, np.empty_like(x), 3, S,
+                      m, a, b, path)
+        timed(name, "moments planes", "parallel", dispatch.moments,
+              np.zeros((2, 3, 64), dtype), 3, 64)
+        timed(name, "moments rows", "parallel", dispatch.moments, np.zeros((2, 4, 3), dtype), 3, 1)
+        x = np.zeros((2, 3, 1024), dtype)
+        q = np.ones(1024, dtype)
+        for path in dispatch.PATHS:
+            timed(name, "instance planes", path, dispatch.instance_planes, x, np.empty_like(x),
+                  3, 1024, q[:3], q[:3], 1e-5, path)
+        timed(name, "instance rows", "parallel", dispatch.instance_rows, x, np.empty_like(x),
+              2, 1024, q, q, 1e-5)
     rows.append(["all", "", "", f"{(time.perf_counter() - start) * 1e3:.0f}"])
-    print(_format_table(rows, ["dtype", "loop", "path", "ms (compile or cache load)"]))
+    print(_format_table(rows, ["dtype", "kernel", "path", "ms (compile or cache load)"]))
     return 0
 
 

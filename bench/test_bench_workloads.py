@@ -1,4 +1,4 @@
-"""pytest-benchmark cases for BatchNormalization inference, one group per workload.
+"""pytest-benchmark cases, one group per workload of :data:`normkernels.benchmarks.WORKLOADS`.
 
 Run: ``python -m pytest bench --benchmark-group-by=group`` (add
 ``--benchmark-disable`` for a quick smoke run). Each group times normkernels (with
@@ -22,7 +22,7 @@ def flush():
 
 @pytest.mark.parametrize("candidate", CANDIDATES)
 @pytest.mark.parametrize("workload", benchmarks.WORKLOADS, ids=lambda w: w.name)
-def test_batchnorm_inference(benchmark, flush, workload, candidate):
+def test_workload(benchmark, flush, workload, candidate):
     X, params = benchmarks.make_inputs(workload)
     out = np.empty_like(X)
     if candidate == "normkernels":
@@ -38,4 +38,5 @@ def test_batchnorm_inference(benchmark, flush, workload, candidate):
     benchmark.pedantic(fn, rounds=rounds, iterations=1,
                        setup=None if small else flush, warmup_rounds=1)
     if benchmark.stats is not None:  # None under --benchmark-disable
-        benchmark.extra_info["GB/s"] = 2 * X.nbytes / benchmark.stats["median"] / 1e9
+        moved = (1 if workload.op == "moments" else 2) * X.nbytes
+        benchmark.extra_info["GB/s"] = moved / benchmark.stats["median"] / 1e9
