@@ -6,7 +6,8 @@ Layouts as elsewhere: NCX memory is ``N * C`` planes of ``S`` elements (plane
 * **Fused planes** (NCX): one work item per plane computes its statistics, folds its
   parameters and normalizes it while it is still in L1/L2, with streaming stores for
   large outputs, so X is read from memory once.
-* **Split planes** (NCX planes too large for L2, or fewer planes than threads): the
+* **Split planes** (NCX planes too large for L2 or too small to be worth a work item
+  each, or fewer planes than threads; see ``dispatch.FUSED_MIN_PLANE``): the
   planes kernel of :mod:`normkernels.kernels.moments` reduces chunks of
   ``PLANE_CHUNK`` in parallel, the chunks are merged per plane, then the normalize
   pass of :mod:`normkernels.kernels.scale_shift` runs. The statistics of a plane are
