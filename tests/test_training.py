@@ -24,6 +24,9 @@ from normkernels.kernels import dispatch
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-5
+# Relative accuracy of batch variances: float64 sums for float32/float64 X; float32
+# sums over short runs, joined in float64, for 16-bit X (the spec: "uses float").
+STATS_RTOL = {F16: 1e-6, BF16: 1e-6, F32: 1e-12, F64: 1e-12}
 
 
 def channels(shape, data_format):
@@ -276,10 +279,11 @@ def test_partial_moments_merge_like_the_whole(rng, dtype, data_format):
     for lo, hi in [(0, 1), (1, 4), (4, 7)]:
         merged = nk.merge_moments(merged, nk.partial_moments(X[lo:hi], data_format=data_format))
     np.testing.assert_array_equal(merged.count, whole.count)
-    np.testing.assert_allclose(merged.mean, whole.mean, rtol=1e-14)
-    np.testing.assert_allclose(merged.M2, whole.M2, rtol=1e-12)
+    narrow = dtype.itemsize == 2  # float32 sums (see STATS_RTOL)
+    np.testing.assert_allclose(merged.mean, whole.mean, rtol=1e-7 if narrow else 1e-14)
+    np.testing.assert_allclose(merged.M2, whole.M2, rtol=STATS_RTOL[dtype])
     _exact_mean, exact_var = batch_statistics(X, data_format)
-    np.testing.assert_allclose(whole.M2 / whole.count, exact_var, rtol=1e-12)
+    np.testing.assert_allclose(whole.M2 / whole.count, exact_var, rtol=STATS_RTOL[dtype])
 
 
 def test_merge_rejects_different_channels():

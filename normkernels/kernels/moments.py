@@ -23,6 +23,8 @@ Measured alternatives: element-by-element Welford along a plane does not vectori
 squares is useless on data with mean 1e4 and std 1 (cancellation).
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -37,6 +39,9 @@ MOMENTS_OPTIONS = dict(KERNEL_OPTIONS, fastmath={"reassoc", "contract"})
 _INLINE = dict(MOMENTS_OPTIONS, inline="always")
 
 SUB_BLOCK = 4096  # elements reduced at a time (two passes, when needed, in L1)
+NARROW_RUN = 256  # 16-bit X: elements summed in float32 before joining float64 sums
+SHIFT_SAMPLE = 32  # 16-bit X: the shift is the mean of this many first elements
+NARROW_CANCELLATION_LIMIT = 0.5  # 16-bit X: amplification of rounding at most 2
 CANCELLATION_LIMIT = 63.0 / 65.0  # amplification of rounding at most (1+r)/(1-r) = 64
 PLANE_CHUNK = 1 << 16  # elements per parallel work item of the planes kernel
 ROW_BLOCK_ELEMENTS = 1 << 18  # about this many elements per (row block, column tile)
@@ -90,6 +95,49 @@ def _span_two_pass(x):
     return mean, m2
 
 
+@njit(**KERNEL_OPTIONS)
+def _narrow_deviation(x, i, shift):
+    """``x[i] - shift`` in float32 (16-bit X), without fast-math (see :func:`_deviation`)."""
+    return load(x, i) - shift
+
+
+@njit(**_INLINE)
+def _span_narrow(x):
+    """``(ok, mean, M2)`` of a short slice of 16-bit X with float32 arithmetic: sums of
+    deviations from a shift (the mean of the first SHIFT_SAMPLE elements) over runs
+    of NARROW_RUN elements in float32, joined in float64. Twice as fast as the float64
+    path (12 against 5.6 G elements/s per core, float16, in cache), which 16-bit X
+    needs: it has twice the elements per byte.
+
+    Error: each deviation and square is rounded once to float32 and each run sums a
+    few terms per vector lane, so M2 is within a few float32 ulps (relative); the
+    one-pass correction may amplify that at most 1 / (1 - NARROW_CANCELLATION_LIMIT)
+    times. ``ok`` is False (the caller then takes the float64 path) when the
+    correction cancels more, and when a sum is not finite (NaN or Inf in X, or a
+    bfloat16 deviation above 1.8e19 whose square overflows float32).
+    """
+    head = min(x.size, SHIFT_SAMPLE)
+    total = 0.0
+    for i in range(head):
+        total += np.float64(load(x, i))
+    shift = np.float32(total / head)
+    s1 = 0.0
+    s2 = 0.0
+    for lo in range(0, x.size, NARROW_RUN):
+        run = x[lo:min(x.size, lo + NARROW_RUN)]
+        r1 = np.float32(0.0)
+        r2 = np.float32(0.0)
+        for i in range(run.size):
+            d = _narrow_deviation(run, i, shift)
+            r1 += d
+            r2 += d * d
+        s1 += np.float64(r1)
+        s2 += np.float64(r2)
+    correction = s1 * s1 / x.size
+    ok = math.isfinite(s2) and math.isfinite(s1) and correction <= s2 * NARROW_CANCELLATION_LIMIT
+    return ok, np.float64(shift) + s1 / x.size, s2 - correction
+
+
 @njit(**_INLINE)
 def _span(x):
     """(mean, M2) of a short slice in one pass over deviations from its first element
@@ -99,8 +147,12 @@ def _span(x):
     ``x[0]`` is ``k`` standard deviations from the mean; past k of about 5.6 (an
     outlier first) the slice is redone with two passes. A constant slice gives its
     value as mean and M2 = 0 exactly. One pass was measured 1.6x faster on in-cache
-    float32 planes than two.
+    float32 planes than two. 16-bit X goes through :func:`_span_narrow` first.
     """
+    if x.itemsize == 2:
+        ok, mean, m2 = _span_narrow(x)
+        if ok:
+            return mean, m2
     shift = np.float64(load(x, 0))
     s1 = 0.0
     s2 = 0.0
