@@ -55,10 +55,11 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     Arithmetic is float32 (float64 for float64 X); float16/bfloat16 results are
     rounded once from it. Parameters are folded to ``a = scale / sqrt(var + eps)``
     in float64 and rounded once to the compute dtype, as are mean and B. Batch
-    statistics are accumulated in float64 in one read of X, in an order independent
-    of the thread count. ``spatial=0`` (opsets 1, 6, 7) normalizes each activation over
-    N: parameters then have the shape of one sample, ``X.shape[1:]`` (opsets 1/6 also
-    accept (C,), broadcast), and so do the statistics returned.
+    statistics are computed in one read of X (float64 sums; for 16-bit X float32 runs
+    joined in float64), in an order independent of the thread count. ``spatial=0``
+    (opsets 1, 6, 7) normalizes each activation over N: parameters then have the
+    shape of one sample, ``X.shape[1:]`` (opsets 1/6 also accept (C,), broadcast),
+    and so do the statistics returned.
     """
     return _bn.batch_normalization(
         X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum,
@@ -120,8 +121,9 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
 
     Notes
     -----
-    Statistics are accumulated in float64 for every dtype (the ONNX reference
-    accumulates float16 in float16 and overflows on large planes), in an order that
+    Statistics are accumulated in float64 (16-bit input: float32 runs joined in
+    float64; the ONNX reference accumulates float16 in float16 and overflows on large
+    planes), in an order that
     does not depend on the thread count. Each plane is normalized right after its
     statistics while it is still in cache (NCX), so X is read from memory about once.
     """
@@ -134,8 +136,9 @@ def moments(X, *, data_format="NCX"):
     """Per-channel mean and population variance of X.
 
     Channels are axis 1 (``"NCX"``) or the last axis (``"NXC"``); a 1-D X is one
-    channel. One read of X, float64 accumulation, bitwise the same for any thread
-    count. Returns float64 arrays for float32/float64 X, float32 for float16/bfloat16.
+    channel. One read of X, float64 accumulation (16-bit X: float32 runs joined in
+    float64, variance within 1e-6 relative), bitwise the same for any thread count.
+    Returns float64 arrays for float32/float64 X, float32 for float16/bfloat16.
     """
     return _moments.statistics(X, data_format, dispatch)
 

@@ -13,7 +13,8 @@ The layout contract is the one of :mod:`normkernels.kernels.scale_shift`: elemen
   kernel. One partial per (row block, column). Welford's update per row was measured
   first: 21 ms on (32,112,112,64) f32 against 7 ms for two passes in cache.
 
-All arithmetic is float64. The partials are then merged in a fixed order (plane by
+Arithmetic is float64, except that 16-bit X sums short runs in float32 first (see
+:func:`_span_narrow`). The partials are then merged in a fixed order (plane by
 plane, block by block, column by column), and the partition depends only on the
 shape, never on the thread count: the statistics are bitwise identical for any
 ``NUMBA_NUM_THREADS``.

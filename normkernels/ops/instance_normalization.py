@@ -9,8 +9,9 @@ population variance of each (n, c) over the spatial axes. Versions:
 * 22: adds bfloat16.
 
 input, scale and B share the type T. ``data_format="NXC"`` (channels last, not an ONNX
-layout) takes N x D1 ... Dn x C. Statistics are accumulated in float64 for every dtype
-(the spec asks for at least float32 for float16).
+layout) takes N x D1 ... Dn x C. Statistics are accumulated in float64 for float32 and
+float64 input, in float32 runs joined in float64 for 16-bit input (the spec asks for
+at least float32 for float16).
 """
 
 import functools
