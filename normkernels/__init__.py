@@ -10,6 +10,10 @@ __all__ = ["batch_norm_inference", "batch_normalization", "instance_normalizatio
 
 
 def __getattr__(name):
+    if name == "onnx":  # the ONNX integration (needs the onnx package)
+        import importlib
+
+        return importlib.import_module("normkernels.onnx")
     if name in __all__:
         from normkernels import api
 
