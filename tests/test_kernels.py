@@ -124,9 +124,11 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
         assert "sfence" in asm, kernel.__name__
 
 
-def _python(code, **env):
+def _python(code, _env=None, **env):
+    """Run ``code`` in a fresh interpreter (environment ``_env`` or ours, plus ``env``)."""
+    base = os.environ if _env is None else _env
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
-                          capture_output=True, text=True, env={**os.environ, **env}, check=True)
+                          capture_output=True, text=True, env={**base, **env}, check=True)
 
 
 def test_import_compiles_nothing():
@@ -134,13 +136,27 @@ def test_import_compiles_nothing():
         import sys, normkernels
         assert "numba" not in sys.modules, "import normkernels loaded numba"
         normkernels.batch_normalization  # loads the API, still compiles nothing
-        from normkernels.kernels import scale_shift, fold
-        kernels = [getattr(scale_shift, name) for name in dir(scale_shift)
-                   if name.startswith("scale_shift_")] + [fold.scale_over_std]
-        assert len(kernels) == 7
+        from numba.core.dispatcher import Dispatcher
+        from normkernels.kernels import fold, instance, moments, scale_shift
+        kernels = [k for m in (scale_shift, fold, moments, instance) for k in vars(m).values()
+                   if isinstance(k, Dispatcher)]
+        assert len(kernels) > 30, len(kernels)
         print(sum(len(k.signatures) for k in kernels))
     """)
     assert result.stdout.strip() == "0"
+
+
+def test_openmp_spin_count_is_lowered_unless_the_user_chose():
+    """Idle OpenMP workers spinning for long starve other threads between kernels
+    (see normkernels/kernels/__init__.py); a user's own setting wins."""
+    code = """
+        import os, normkernels.kernels
+        print(os.environ.get("GOMP_SPINCOUNT"))
+    """
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    assert _python(code, _env=env).stdout.strip() == "1000"
+    assert _python(code, _env=dict(env, GOMP_SPINCOUNT="5")).stdout.strip() == "5"
+    assert _python(code, _env=dict(env, OMP_WAIT_POLICY="active")).stdout.strip() == "None"
 
 
 def test_kernels_are_cached_in_numba_cache_dir(tmp_path):
