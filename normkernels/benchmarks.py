@@ -321,3 +321,73 @@ def _error(workload, got, exact):
     if isinstance(got, tuple):
         got = got[0]
     return max_relative_error(got, exact)
+
+
+LIGHT_MODELS = ("resnet50", "densenet121", "inception_v2", "shufflenet")
+
+
+def evaluator_timing(model_name="resnet50", repeat=3):
+    """Wall time of a light-zoo model under ``onnx.reference.ReferenceEvaluator``, with
+    the normkernels ops and without (interleaved, medians), total and in the
+    BatchNormalization / InstanceNormalization nodes. Needs onnx."""
+    import os
+
+    import onnx
+    from onnx import numpy_helper
+    from onnx.backend.test.runner import Runner
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.ops import op_batch_normalization, op_instance_normalization
+
+    from normkernels import onnx as nko
+
+    data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+    model = onnx.load(os.path.join(data, f"light_{model_name}.onnx"))
+    initializers = {i.name for i in model.graph.initializer}
+    feeds = {x.name: Runner.generate_dummy_data(x, seed=0, name=model_name, random=False)
+             for x in model.graph.input if x.name not in initializers}
+    expected = numpy_helper.to_array(
+        onnx.load_tensor(os.path.join(data, f"light_{model_name}_output_0.pb")))
+    node_seconds = {"normkernels": 0.0, "onnx.reference": 0.0}
+
+    def timed(cls, key):
+        run = cls._run
+
+        def _run(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return run(self, *args, **kwargs)
+            finally:
+                node_seconds[key] += time.perf_counter() - t0
+        return _run
+
+    ours = []
+    for cls in nko.reference_ops():
+        ours.append(type(cls.__name__, (cls,), {"_run": timed(cls, "normkernels")}))
+    reference_classes = [c for m in (op_batch_normalization, op_instance_normalization)
+                         for c in vars(m).values()
+                         if isinstance(c, type) and c.__name__.startswith(("BatchNormalization",
+                                                                          "InstanceNormalization"))]
+    saved = {c: c.__dict__["_run"] for c in reference_classes if "_run" in c.__dict__}
+    rows = {"normkernels": [], "onnx.reference": []}
+    errors = {}
+    try:
+        for c in saved:
+            c._run = timed(c, "onnx.reference")
+        evaluators = {"normkernels": ReferenceEvaluator(model, new_ops=ours),
+                      "onnx.reference": ReferenceEvaluator(model)}
+        evaluators["normkernels"].run(None, feeds)  # compile / load the kernels
+        for _ in range(repeat):
+            for key, evaluator in evaluators.items():
+                node_seconds[key] = 0.0
+                t0 = time.perf_counter()
+                out = evaluator.run(None, feeds)[0]
+                rows[key].append((time.perf_counter() - t0, node_seconds[key]))
+                errors[key] = max_relative_error(out, expected)
+    finally:
+        for c, run in saved.items():
+            c._run = run
+    n_nodes = sum(n.op_type in nko.SUPPORTED for n in model.graph.node)
+    return {key: {"model_s": statistics.median(r[0] for r in runs),
+                  "norm_nodes_s": statistics.median(r[1] for r in runs),
+                  "max_rel_err": errors[key], "norm_nodes": n_nodes}
+            for key, runs in rows.items()}

@@ -64,6 +64,30 @@ def cmd_bench(args):
     return 0
 
 
+def cmd_onnx(args):
+    """Time light-zoo models under onnx.reference with and without normkernels."""
+    from normkernels import benchmarks
+
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        print("normkernels onnx needs the onnx package: pip install 'normkernels[onnx]'",
+              file=sys.stderr)
+        return 2
+    rows = []
+    for name in args.model or ["resnet50"]:
+        result = benchmarks.evaluator_timing(name, repeat=args.repeat)
+        ours, ref = result["normkernels"], result["onnx.reference"]
+        for key, r in result.items():
+            rows.append([name, key, r["norm_nodes"], f"{r['model_s']:.3f}",
+                         f"{r['norm_nodes_s'] * 1e3:.1f}", f"{r['max_rel_err']:.0e}"])
+        rows.append([name, "speedup", "", f"{ref['model_s'] / ours['model_s']:.2f}x",
+                     f"{ref['norm_nodes_s'] / ours['norm_nodes_s']:.1f}x", ""])
+    print(_format_table(rows, ["model", "ops", "norm nodes", "model s", "norm nodes ms",
+                               "err vs stored"]))
+    return 0
+
+
 def cmd_info(args):
     import platform
 
@@ -140,6 +164,12 @@ def main(argv=None):
     bench.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
     bench.add_argument("--json", help="also write the results to this JSON file")
     bench.set_defaults(func=cmd_bench)
+    onnx_cmd = sub.add_parser("onnx", help="time light-zoo models under onnx.reference, "
+                              "with and without the normkernels ops (needs onnx)")
+    onnx_cmd.add_argument("--model", action="append",
+                          help="resnet50 (default), densenet121, inception_v2, shufflenet")
+    onnx_cmd.add_argument("--repeat", type=int, default=3, help="interleaved repeats")
+    onnx_cmd.set_defaults(func=cmd_onnx)
     sub.add_parser("info", help="versions, threads, cache").set_defaults(func=cmd_info)
     sub.add_parser("warmup", help="compile every kernel now").set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)

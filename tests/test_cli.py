@@ -16,12 +16,12 @@ def test_workload_table_runs_and_agrees_with_numpy():
 
 
 def test_every_op_of_the_table_runs_on_a_small_tensor():
-    for op in ("batchnorm-training", "moments", "batchnorm-inference"):
+    for op in ("batchnorm-training", "moments", "batchnorm-inference", "instancenorm"):
         w = benchmarks.Workload(f"small-{op}", op, (2, 3, 8, 8), "float32", "NXC")
         result = benchmarks.run_workload(w, repeat=1)
         assert result["max_rel_err"]["normkernels"] < 1e-5
         assert result["max_rel_err"]["numpy"] < 1e-5
-        assert ("over_inference" in result) == (op == "batchnorm-training")
+        assert ("over_inference" in result) == (op in ("batchnorm-training", "instancenorm"))
 
 
 def test_workload_inputs_match_their_description():
@@ -52,3 +52,15 @@ def test_info_and_warmup(capsys):
     assert "threading layer" in capsys.readouterr().out
     assert cli.main(["warmup"]) == 0
     assert "bfloat16" in capsys.readouterr().out
+
+
+def test_onnx_command_times_a_light_model(capsys):
+    import pytest
+
+    pytest.importorskip("onnx")
+    assert cli.main(["onnx", "--model", "shufflenet", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "onnx.reference" in out and "speedup" in out
+    result = benchmarks.evaluator_timing("shufflenet", repeat=1)
+    assert result["normkernels"]["norm_nodes"] == 49
+    assert result["normkernels"]["max_rel_err"] < 1e-5
