@@ -69,6 +69,35 @@ WORKLOADS = [
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
+SUITES = {
+    # the standard set: BN inference in each dtype and layout, training, the shapes
+    # at the ends of ResNet, a dense layer, instance norm, and per-call latency
+    "default": ["resnet-stem-f32-ncx", "resnet-stem-f32-nxc", "resnet-stem-f16-ncx",
+                "resnet-stem-bf16-ncx", "resnet-stem-bf16-nxc-onednn",
+                "train-resnet-stem-f32-ncx", "train-resnet-stem-f32-nxc", "resnet-last-f32",
+                "dense-f32", "instnorm-style-f32-ncx", "tiny-f32"],
+    "quick": ["resnet-stem-f32-ncx", "train-resnet-stem-f32-ncx", "instnorm-512-f32",
+              "tiny-f32"],
+    "all": [w.name for w in WORKLOADS],
+}
+OPS = {("batchnorm", "inference"): "batchnorm", ("batchnorm", "training"): "batchnorm-training",
+       ("instancenorm", "inference"): "instancenorm", ("moments", "inference"): "moments",
+       ("batchnorm-inference", "inference"): "batchnorm-inference"}
+
+
+def custom_workload(op="batchnorm", mode="inference", shape=(32, 64, 112, 112),
+                    dtype="float32", layout="NCX"):
+    """A workload from the command line's flags (``shape`` in N, C, spatial order)."""
+    if (op, mode) not in OPS:
+        raise ValueError(f"--op {op} has no --mode {mode} (training is for batchnorm)")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if layout not in ("NCX", "NXC"):
+        raise ValueError(f"--layout must be NCX or NXC, got {layout!r}")
+    shape = tuple(int(v) for v in shape)
+    name = f"{op}-{mode}-{'x'.join(map(str, shape))}-{dtype}-{layout}".lower()
+    return Workload(name, OPS[op, mode], shape, dtype, layout)
+
 
 def make_inputs(workload, seed=0):
     """X and the four per-channel parameters of a workload (float32 parameters,
@@ -261,14 +290,24 @@ def _flusher():
     return CacheFlusher()
 
 
-def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
-    """Time one workload and its baselines; returns a dict of results.
+def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
+                 budget_seconds=60):
+    """Time one workload beside the roofline baselines and the peers; returns a dict.
 
-    Baselines: ``copy`` and ``axpb`` for operators that write Y, ``read`` for moments
-    (the roofline of an operator that only reads X), and for training the inference
-    of the same tensor (``over_inference``: the cost of the statistics); instance
-    normalization is compared with that inference too.
+    Baselines: ``copy`` (a parallel copy of the bytes of X into Y), ``read`` (a parallel
+    read-only sum over X) and ``axpb`` (a plain parallel ``y = a*x + b``); the roofline
+    is ``copy`` for operators that write Y and ``read`` for moments. Training and
+    instance normalization are also timed against BN inference on the same tensor
+    (``over_inference``). Peers (see :mod:`normkernels.peers`) that cannot run are
+    listed in ``skipped`` with the reason; every peer's Y is checked against
+    normkernels' (``agreement``: max relative difference) and normkernels' against
+    the formula in float64 (``max_rel_err``).
     """
+    import numba
+
+    from normkernels.peers import PEERS, Unavailable
+
+    threads = threads or numba.get_num_threads()
     X, params = make_inputs(workload)
     out = np.empty_like(X)
     nk = normkernels_call(workload, X, params, out)
@@ -278,29 +317,37 @@ def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
     baselines = baseline_calls(X, np.empty_like(X))
     reads_only = workload.op == "moments"
     roofline = "read" if reads_only else "copy"
-    calls = {"normkernels": nk, roofline: baselines[roofline]}
+    calls = {"normkernels": nk, "copy": baselines["copy"], "read": baselines["read"]}
     if not reads_only:
         calls["axpb"] = baselines["axpb"]
     if workload.op in ("batchnorm-training", "instancenorm"):
         inference_params = tuple(p.astype(FLOAT32) for p in params)
         calls["inference"] = normkernels_call(workload, X, inference_params, np.empty_like(X),
                                               "batchnorm")
-    if numpy_baseline:
-        calls["numpy"] = numpy_call(workload, X, params)
+    skipped = {}
+    for name in peers:
+        try:
+            calls[name] = PEERS[name](workload, X, params, threads)
+        except Unavailable as exc:
+            skipped[name] = str(exc)
     small = X.nbytes < (1 << 20)  # per-call latency, warm: as called in a loop
     medians = interleaved_medians(calls, repeat * (50 if small else 1), warmup,
-                                  budget_seconds=60,
+                                  budget_seconds=budget_seconds,
                                   before_each=None if small else _flusher())
     nbytes = (1 if reads_only else 2) * X.nbytes
     nk_time = medians["normkernels"]
     result = {
         "workload": workload.name, "op": workload.op, "shape": list(workload.layout_shape),
         "dtype": workload.dtype, "data_format": workload.data_format, "bytes": nbytes,
-        "first_call_s": first_call,
+        "threads": threads, "first_call_s": first_call,
         "seconds": medians,
         "gbps": {k: nbytes / v / 1e9 for k, v in medians.items()},
         "roofline": roofline,
         "pct_of_roofline": 100.0 * medians[roofline] / nk_time,
+        "pct_of_copy": 100.0 * medians["copy"] / nk_time,
+        "pct_of_read": 100.0 * medians["read"] / nk_time,
+        "ratios": {name: medians[name] / nk_time for name in peers if name in medians},
+        "skipped": skipped,
     }
     if "axpb" in medians:
         result["pct_of_axpb"] = 100.0 * medians["axpb"] / nk_time
@@ -308,10 +355,16 @@ def run_workload(workload, repeat=20, warmup=2, numpy_baseline=True):
         result["over_inference"] = nk_time / medians["inference"]
     exact = numpy_call(workload, X, params, np.float64)()
     result["max_rel_err"] = {"normkernels": _error(workload, result_nk, exact)}
-    if numpy_baseline:
-        result["numpy_over_normkernels"] = medians["numpy"] / nk_time
-        result["max_rel_err"]["numpy"] = _error(workload, numpy_call(workload, X, params)(),
-                                                exact)
+    ours = result_nk[0] if isinstance(result_nk, tuple) and workload.op != "moments" \
+        else result_nk
+    result["agreement"] = {}
+    for name in result["ratios"]:
+        theirs = calls[name]()
+        result["agreement"][name] = _error(workload, theirs, ours)
+        if name == "numpy":
+            result["max_rel_err"]["numpy"] = _error(workload, theirs, exact)
+    if "numpy" in result["ratios"]:
+        result["numpy_over_normkernels"] = result["ratios"]["numpy"]
     return result
 
 
@@ -391,3 +444,31 @@ def evaluator_timing(model_name="resnet50", repeat=3):
                   "norm_nodes_s": statistics.median(r[1] for r in runs),
                   "max_rel_err": errors[key], "norm_nodes": n_nodes}
             for key, runs in rows.items()}
+
+
+def environment():
+    """Where a result was measured: CPU, threads, versions."""
+    import platform
+
+    import numba
+
+    from normkernels import __version__
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {"normkernels": __version__, "numba": numba.__version__, "numpy": np.__version__,
+                "python": platform.python_version()}
+    for name in ("onnx", "onnxruntime", "torch", "openvino"):
+        try:
+            versions[name] = __import__(name).__version__
+        except ImportError:
+            pass
+    return {"cpu": cpu, "threads": numba.get_num_threads(),
+            "threading_layer": numba.threading_layer(), "versions": versions}

@@ -14,53 +14,161 @@ def _format_table(rows, headers):
     return "\n".join(out)
 
 
+PEER_ORDER = ("numpy", "onnx-ref", "onnxruntime", "torch", "openvino")
+
+
+def _progress(i, n, label):
+    """One status line on stderr (rewritten in place on a terminal)."""
+    width = 24
+    done = width * i // max(n, 1)
+    line = f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {label}"
+    if sys.stderr.isatty():
+        print(f"\r{line[:100]:<100}", end="" if i < n else "\n", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _agrees(result, peer):
+    """Does a peer's Y match normkernels' within what its dtype can hold?"""
+    tol = 2e-2 if result["dtype"] in ("float16", "bfloat16") else 1e-4
+    return result["agreement"].get(peer, 0.0) <= tol
+
+
+def _rows(results, peers):
+    rows = []
+    for r in results:
+        s, g = r["seconds"], r["gbps"]
+        row = [r["workload"], "x".join(map(str, r["shape"])), f"{s['normkernels'] * 1e3:.3f}",
+               f"{g['normkernels']:.1f}", f"{g[r['roofline']]:.1f} {r['roofline']}",
+               f"{r['pct_of_roofline']:.0f}%",
+               f"{r['over_inference']:.2f}x" if "over_inference" in r else "-"]
+        for peer in peers:
+            if peer in r["ratios"]:
+                mark = "" if _agrees(r, peer) else " !"
+                row.append(f"{r['ratios'][peer]:.2f}x{mark}")
+            else:
+                row.append("-")
+        row += [f"{r['max_rel_err']['normkernels']:.0e}", f"{r['first_call_s'] * 1e3:.0f}"]
+        rows.append(row)
+    headers = ["workload", "shape", "ms", "GB/s", "limit GB/s", "% limit", "/ BN inf",
+               *[f"{p} /nk" for p in peers], "nk err", "1st call ms"]
+    return rows, headers
+
+
+LEGEND = (
+    "ms: median time of normkernels (out= given); GB/s: bytes of X read + Y written (X "
+    "only for moments) per second; limit: a parallel copy of the same bytes (read: a "
+    "parallel read-only sum), measured in the same run; / BN inf: time over BN "
+    "inference on the same tensor; <peer> /nk: the peer's time over normkernels' "
+    "(higher is slower), '!' when its Y differs from normkernels' by more than its dtype "
+    "can hold; nk err: max relative error against the formula in float64; 1st call: "
+    "compile or load from the disk cache.")
+
+
+def _markdown(rows, headers):
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def _plot(results, peers, path):
+    try:
+        import matplotlib
+    except ImportError:
+        print("--plot needs matplotlib: pip install 'normkernels[plot]'", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [r["workload"] for r in results]
+    series = ["normkernels", *[p for p in peers if any(p in r["ratios"] for r in results)]]
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(names)), 5))
+    width = 0.8 / len(series)
+    x = np.arange(len(names))
+    for k, name in enumerate(series):
+        ax.bar(x + k * width, [r["gbps"].get(name, 0.0) for r in results], width, label=name)
+    limits = [r["gbps"][r["roofline"]] for r in results]
+    ax.hlines(limits, x - width / 2, x + 0.8 - width / 2, colors="black",
+              label="bandwidth limit (copy / read)")
+    ax.set_xticks(x + 0.4 - width / 2, names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("GB/s (X read + Y written)")
+    ax.set_title(f"normkernels bench, {results[0]['threads']} threads")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def _workloads(args, benchmarks):
+    if args.op or args.shape or args.dtype or args.layout or args.mode:
+        shape = tuple(int(v) for v in (args.shape or "32,64,112,112").split(","))
+        return [benchmarks.custom_workload(args.op or "batchnorm", args.mode or "inference",
+                                           shape, args.dtype or "float32",
+                                           args.layout or "NCX")]
+    names = list(args.workload or [])
+    if args.suite or not names:
+        names += benchmarks.SUITES["quick" if args.quick else (args.suite or "default")]
+    unknown = [n for n in names if n not in benchmarks.WORKLOADS_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown workload(s): {', '.join(unknown)} (see --list)")
+    return [benchmarks.WORKLOADS_BY_NAME[n] for n in names]
+
+
 def cmd_bench(args):
     import numba
 
     from normkernels import benchmarks
 
     if args.list:
+        for suite, names in benchmarks.SUITES.items():
+            print(f"suite {suite}: {' '.join(names)}")
         for w in benchmarks.WORKLOADS:
             print(f"{w.name:30s} {w.op:20s} {w.dtype:9s} {w.data_format} {w.layout_shape}")
         return 0
     if args.threads:
         numba.set_num_threads(args.threads)
-    names = args.workload or [w.name for w in benchmarks.WORKLOADS]
-    unknown = [n for n in names if n not in benchmarks.WORKLOADS_BY_NAME]
-    if unknown:
-        print(f"unknown workload(s): {', '.join(unknown)} (see --list)", file=sys.stderr)
+    try:
+        workloads = _workloads(args, benchmarks)
+    except ValueError as exc:
+        print(f"normkernels bench: {exc}", file=sys.stderr)
         return 2
-    print(f"normkernels bench: {numba.get_num_threads()} threads, median of up to "
-          f"{args.repeat} interleaved repeats; GB/s counts X read + Y written (X read "
-          "for moments); roofline = parallel copy of the same bytes (read: a parallel "
-          "read-only sum); / inference = time over BN inference on the same tensor "
-          "(training, instance norm); err = max relative error against the formula in "
-          "float64", flush=True)
-    results, rows = [], []
-    for name in names:
-        r = benchmarks.run_workload(benchmarks.WORKLOADS_BY_NAME[name], repeat=args.repeat,
-                                    numpy_baseline=not args.no_numpy)
-        results.append(r)
-        s, g = r["seconds"], r["gbps"]
-        rows.append([
-            r["workload"], "x".join(map(str, r["shape"])), f"{s['normkernels'] * 1e3:.3f}",
-            f"{g['normkernels']:.1f}", f"{r['roofline']} {g[r['roofline']]:.1f}",
-            f"{r['pct_of_roofline']:.0f}%",
-            f"{r['pct_of_axpb']:.0f}%" if "pct_of_axpb" in r else "-",
-            f"{r['over_inference']:.2f}x" if "over_inference" in r else "-",
-            f"{r['numpy_over_normkernels']:.1f}x" if "numpy_over_normkernels" in r else "-",
-            f"{r['max_rel_err']['normkernels']:.0e}",
-            f"{r['max_rel_err']['numpy']:.0e}" if "numpy" in r["max_rel_err"] else "-",
-            f"{r['first_call_s'] * 1e3:.0f}",
-        ])
-        print(f"  {name}: {s['normkernels'] * 1e3:.3f} ms, {g['normkernels']:.1f} GB/s",
-              file=sys.stderr, flush=True)
-    headers = ["workload", "shape", "ms", "GB/s", "roofline GB/s", "% roofline", "% axpb",
-               "/ inference", "numpy/nk", "nk err", "numpy err", "1st call ms"]
+    peers = [p for p in PEER_ORDER if p in (args.peers or PEER_ORDER)]
+    if args.no_numpy and "numpy" in peers:
+        peers.remove("numpy")
+    if "openvino" in peers:  # see normkernels.peers: Numba's threading layer first
+        benchmarks.baseline_calls(*(2 * [__import__("numpy").zeros(1 << 17)]))["read"]()
+    repeat = args.repeat or (3 if args.quick else 10)
+    threads = numba.get_num_threads()
+    print(f"normkernels bench: {threads} threads ({numba.threading_layer()}), median of "
+          f"up to {repeat} interleaved repeats, caches flushed before each timed call of "
+          "a large workload", flush=True)
+    results = []
+    start = time.perf_counter()
+    for i, w in enumerate(workloads):
+        _progress(i, len(workloads), w.name)
+        results.append(benchmarks.run_workload(w, repeat=repeat, warmup=args.warmup,
+                                               peers=peers, threads=threads,
+                                               budget_seconds=20 if args.quick else 40))
+    _progress(len(workloads), len(workloads), f"done in {time.perf_counter() - start:.0f} s")
+    rows, headers = _rows(results, peers)
     print(_format_table(rows, headers))
+    print(LEGEND)
+    skipped = {}
+    for r in results:
+        for peer, reason in r["skipped"].items():
+            skipped.setdefault((peer, reason), []).append(r["workload"])
+    for (peer, reason), names in skipped.items():
+        where = "all workloads" if len(names) == len(results) else ", ".join(names)
+        print(f"skipped {peer} ({where}): {reason}")
+    meta = benchmarks.environment()
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": numba.get_num_threads(), "results": results}, f, indent=2)
+            json.dump({**meta, "peers": peers, "results": results}, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(_markdown(rows, headers) + "\n")
+    if args.plot:
+        _plot(results, peers, args.plot)
     return 0
 
 
@@ -156,13 +264,31 @@ def cmd_warmup(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="normkernels", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="time the operators against the roofline and NumPy")
+    bench = sub.add_parser("bench", help="time the operators against the machine's "
+                           "bandwidth and the peers installed (default: the default suite)")
     bench.add_argument("--workload", action="append", help="a workload name (repeatable)")
-    bench.add_argument("--list", action="store_true", help="list the workloads and exit")
-    bench.add_argument("--repeat", type=int, default=10, help="interleaved repeats (default 10)")
+    bench.add_argument("--suite", choices=["default", "quick", "all"],
+                       help="a set of workloads (default: default)")
+    bench.add_argument("--quick", action="store_true",
+                       help="the quick suite with 3 repeats (under a minute)")
+    bench.add_argument("--op", choices=["batchnorm", "instancenorm", "batchnorm-inference",
+                                        "moments"],
+                       help="a custom workload: the operator (batchnorm-inference: oneDNN)")
+    bench.add_argument("--mode", choices=["inference", "training"], help="for --op batchnorm")
+    bench.add_argument("--shape", help="N,C,spatial... (e.g. 32,64,112,112)")
+    bench.add_argument("--dtype", help="float32 (default), float16, bfloat16, float64")
+    bench.add_argument("--layout", help="NCX (default) or NXC")
+    bench.add_argument("--peers", nargs="*", choices=list(PEER_ORDER),
+                       help=f"peers to compare (default: every one installed: "
+                            f"{', '.join(PEER_ORDER)})")
+    bench.add_argument("--list", action="store_true", help="list suites and workloads")
+    bench.add_argument("--repeat", type=int, help="interleaved repeats (default 10; 3 quick)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     bench.add_argument("--threads", type=int, help="Numba threads (default: all cores)")
-    bench.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
+    bench.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     bench.add_argument("--json", help="also write the results to this JSON file")
+    bench.add_argument("--markdown", help="also write the table to this Markdown file")
+    bench.add_argument("--plot", help="also draw GB/s per workload and peer to this PNG")
     bench.set_defaults(func=cmd_bench)
     onnx_cmd = sub.add_parser("onnx", help="time light-zoo models under onnx.reference, "
                               "with and without the normkernels ops (needs onnx)")

@@ -3,13 +3,14 @@
 import json
 
 import numpy as np
+import pytest
 
 from normkernels import benchmarks, cli
 
 
 def test_workload_table_runs_and_agrees_with_numpy():
     result = benchmarks.run_workload(benchmarks.WORKLOADS_BY_NAME["tiny-f32"], repeat=1)
-    assert set(result["seconds"]) == {"normkernels", "copy", "axpb", "numpy"}
+    assert set(result["seconds"]) == {"normkernels", "copy", "read", "axpb", "numpy"}
     assert result["roofline"] == "copy"
     assert result["max_rel_err"]["numpy"] < 1e-5
     assert result["max_rel_err"]["normkernels"] < 1e-6
@@ -45,6 +46,44 @@ def test_bench_command(tmp_path, capsys):
 def test_bench_rejects_unknown_workload(capsys):
     assert cli.main(["bench", "--workload", "nope"]) == 2
     assert "unknown workload" in capsys.readouterr().err
+    assert cli.main(["bench", "--op", "moments", "--mode", "training"]) == 2
+    assert "has no --mode training" in capsys.readouterr().err
+
+
+def test_bench_custom_workload_with_every_output(tmp_path, capsys):
+    files = {k: tmp_path / f"r.{k}" for k in ("json", "md", "png")}
+    argv = ["bench", "--op", "instancenorm", "--shape", "2,3,8,8", "--dtype", "float16",
+            "--layout", "NXC", "--repeat", "1", "--peers", "numpy", "onnxruntime",
+            "--json", str(files["json"]), "--markdown", str(files["md"]),
+            "--plot", str(files["png"])]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "instancenorm-inference-2x3x8x8-float16-nxc" in out
+    data = json.loads(files["json"].read_text())
+    assert data["threads"] >= 1 and "numba" in data["versions"]
+    assert files["md"].read_text().startswith("| workload |")
+    try:
+        import matplotlib  # noqa: F401
+        assert files["png"].stat().st_size > 1000
+    except ImportError:
+        assert not files["png"].exists()
+
+
+@pytest.mark.parametrize("op,layout,dtype", [
+    ("batchnorm", "NCX", "float32"), ("batchnorm", "NXC", "float16"),
+    ("batchnorm-training", "NXC", "float32"), ("instancenorm", "NCX", "float32"),
+    ("instancenorm", "NXC", "bfloat16"), ("batchnorm-inference", "NXC", "bfloat16"),
+    ("moments", "NCX", "float64")])
+def test_peers_compute_the_same_thing(op, layout, dtype):
+    """Every installed peer's Y agrees with normkernels' (the adapters are right)."""
+    w = benchmarks.Workload(f"small-{op}", op, (4, 3, 6, 5), dtype, layout)
+    result = benchmarks.run_workload(w, repeat=1, warmup=0, peers=list(cli.PEER_ORDER))
+    assert "numpy" in result["ratios"]
+    for peer in result["ratios"]:
+        if peer == "numpy" and dtype in ("float16", "bfloat16"):
+            continue  # NumPy computes in the 16-bit dtype itself
+        assert cli._agrees(result, peer), (peer, result["agreement"][peer])
+    assert set(result["ratios"]) | set(result["skipped"]) == set(cli.PEER_ORDER)
 
 
 def test_info_and_warmup(capsys):
@@ -55,8 +94,6 @@ def test_info_and_warmup(capsys):
 
 
 def test_onnx_command_times_a_light_model(capsys):
-    import pytest
-
     pytest.importorskip("onnx")
     assert cli.main(["onnx", "--model", "shufflenet", "--repeat", "1"]) == 0
     out = capsys.readouterr().out

@@ -1,0 +1,192 @@
+"""The peers ``normkernels bench`` compares with, each used only when installed.
+
+A peer turns a workload into a zero-argument callable returning Y (in the workload's
+layout, so it can be checked against normkernels' Y), or raises :class:`Unavailable`
+with the reason, which the bench prints. Peers:
+
+* ``numpy``: the NumPy formula a user would write (always there).
+* ``onnx-ref``: ``onnx.reference.ReferenceEvaluator`` on a one-node model.
+* ``onnxruntime``: the same model (IR version 10: onnxruntime 1.31 rejects 14), CPU
+  provider, intra-op threads = the bench's, thread spinning off (its idle threads
+  otherwise slow down whatever runs next in the process, other candidates included).
+* ``torch``: ``torch.nn.functional.batch_norm`` / ``instance_norm``; channels-last
+  workloads run on a channels_last tensor (no copy), as a PyTorch user would.
+* ``openvino``: the one-node model compiled for CPU with f32 inference precision (its
+  default on this CPU is bf16). Importing openvino before Numba's first parallel call
+  switches Numba to OpenVINO's bundled TBB, so the bench launches a Numba kernel first.
+
+ONNX models take NCHW: for channels-last workloads those peers get an NCHW copy made
+once, outside the timing, and their Y is moved back for the check.
+"""
+
+import numpy as np
+
+EPSILON = 1e-5
+MOMENTUM = 0.9  # ONNX convention (PyTorch's momentum is 1 - this)
+
+
+class Unavailable(Exception):
+    """A peer cannot run this workload (not installed, dtype or op unsupported)."""
+
+
+def _ncx(workload, X):
+    """X in NCX order (a view)."""
+    if workload.data_format == "NXC" and X.ndim > 2:
+        return np.moveaxis(X, -1, 1)
+    return X
+
+
+def _back(workload, Y):
+    if workload.data_format == "NXC" and Y.ndim > 2:
+        return np.moveaxis(Y, 1, -1)
+    return Y
+
+
+def numpy_peer(workload, X, params, threads):
+    from normkernels.benchmarks import numpy_call
+
+    return numpy_call(workload, X, params)
+
+
+def _onnx_model(workload, X, params):
+    try:
+        from onnx import TensorProto, helper
+    except ImportError:
+        raise Unavailable("onnx not installed") from None
+    types = {"float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT,
+             "float64": TensorProto.DOUBLE, "bfloat16": TensorProto.BFLOAT16}
+
+    def tensor(name, arr):
+        return helper.make_tensor_value_info(name, types[np.dtype(arr.dtype).name], arr.shape)
+
+    x = np.ascontiguousarray(_ncx(workload, X))
+    if workload.op == "instancenorm":
+        inputs = {"X": x, "scale": params[0], "B": params[1]}
+        node = helper.make_node("InstanceNormalization", list(inputs), ["Y"], epsilon=EPSILON)
+        opset, outputs = 22, ["Y"]
+    elif workload.op in ("batchnorm", "batchnorm-training", "batchnorm-inference"):
+        inputs = dict(zip(["X", "scale", "B", "mean", "var"], [x, *params], strict=True))
+        training = workload.op == "batchnorm-training"
+        outputs = ["Y", "running_mean", "running_var"] if training else ["Y"]
+        node = helper.make_node("BatchNormalization", list(inputs), outputs, epsilon=EPSILON,
+                                momentum=MOMENTUM, training_mode=int(training))
+        opset = 15
+    else:
+        raise Unavailable(f"no ONNX operator for {workload.op}")
+    out_info = [tensor("Y", x)] + [tensor(n, params[2]) for n in outputs[1:]]
+    graph = helper.make_graph([node], workload.name, [tensor(n, a) for n, a in inputs.items()],
+                              out_info)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=10)
+    return model, inputs
+
+
+def onnx_reference_peer(workload, X, params, threads):
+    model, inputs = _onnx_model(workload, X, params)
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(model)
+    return lambda: _back(workload, evaluator.run(["Y"], inputs)[0])
+
+
+def onnxruntime_peer(workload, X, params, threads):
+    model, inputs = _onnx_model(workload, X, params)
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise Unavailable("onnxruntime not installed") from None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise Unavailable(f"onnxruntime: {str(exc).splitlines()[0][:100]}") from None
+    return lambda: _back(workload, session.run(["Y"], inputs)[0])
+
+
+def _to_torch(torch, arr):
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _from_torch(torch, t, dtype):
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(dtype)
+    return t.numpy()
+
+
+def torch_peer(workload, X, params, threads):
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        raise Unavailable("torch not installed (pip install torch==2.13.0)") from None
+    torch.set_num_threads(threads)
+    if workload.op == "moments":
+        raise Unavailable("no torch counterpart")
+    x = _to_torch(torch, X)
+    if workload.data_format == "NXC" and X.ndim > 2:
+        x = x.movedim(-1, 1)  # NCHW logically, channels_last in memory: no copy
+    p = [_to_torch(torch, np.asarray(v)) for v in params]
+    if workload.op == "instancenorm":
+        def run():
+            with torch.no_grad():
+                y = F.instance_norm(x, weight=p[0], bias=p[1], eps=EPSILON)
+            return y
+    else:
+        training = workload.op == "batchnorm-training"
+        if X.ndim > 1 and p[0].dtype != x.dtype and x.dtype != torch.float32:
+            p = [v.to(torch.float32) for v in p]  # torch: 16-bit X takes float parameters
+        rm, rv = p[2].clone(), p[3].clone()
+
+        def run():
+            with torch.no_grad():
+                return F.batch_norm(x, rm, rv, weight=p[0], bias=p[1], training=training,
+                                    momentum=1 - MOMENTUM, eps=EPSILON)
+
+    def call():
+        y = run()
+        if workload.data_format == "NXC" and X.ndim > 2:
+            y = y.movedim(1, -1)
+        return _from_torch(torch, y, X.dtype)
+
+    try:
+        call()
+    except Exception as exc:
+        raise Unavailable(f"torch: {str(exc).splitlines()[0][:100]}") from None
+    return call
+
+
+def openvino_peer(workload, X, params, threads):
+    try:
+        import openvino as ov
+    except ImportError:
+        raise Unavailable("openvino not installed") from None
+    if "bfloat16" in (X.dtype.name, np.asarray(params[0]).dtype.name):
+        # its Python API hands bf16 tensors over as float16 arrays; the results of a
+        # bf16 model disagreed with every other implementation, so they are not shown
+        raise Unavailable("bfloat16 not compared (OpenVINO's Python API exposes bf16 "
+                          "tensors as float16)")
+    model, inputs = _onnx_model(workload, X, params)
+    core = ov.Core()
+    try:
+        compiled = core.compile_model(core.read_model(model.SerializeToString()), "CPU",
+                                      {"INFERENCE_PRECISION_HINT": "f32",
+                                       "INFERENCE_NUM_THREADS": threads})
+    except Exception as exc:
+        raise Unavailable(f"openvino: {str(exc).splitlines()[0][:100]}") from None
+    request = compiled.create_infer_request()
+    feeds = list(inputs.values())
+
+    def call():
+        request.infer(feeds)
+        return _back(workload, request.get_output_tensor(0).data.copy())
+    return call
+
+
+PEERS = {"numpy": numpy_peer, "onnx-ref": onnx_reference_peer, "onnxruntime": onnxruntime_peer,
+         "torch": torch_peer, "openvino": openvino_peer}
