@@ -1,40 +1,43 @@
 """pytest-benchmark cases, one group per workload of :data:`normkernels.benchmarks.WORKLOADS`.
 
-Run: ``python -m pytest bench --benchmark-group-by=group`` (add
-``--benchmark-disable`` for a quick smoke run). Each group times normkernels (with
-``out=``), the parallel copy of the same bytes (the roofline) and the NumPy formula in
-the same session; ``extra_info`` carries GB/s (bytes of X read + Y written). Caches
-are flushed before every round of large workloads, as in ``normkernels bench``.
+Run: ``python -m pytest bench --benchmark-only --benchmark-group-by=group`` (CI:
+``--benchmark-disable --tiny``, each case once at a small shape). Each group times
+normkernels (with ``out=``), the parallel copy and read of the same bytes (the
+roofline) and every installed peer (:mod:`normkernels.peers`; a missing one is
+skipped with the reason) in the same session; ``extra_info`` carries GB/s (bytes of X
+read + Y written, X only for moments). Caches are flushed before every round of large
+workloads, as in ``normkernels bench``.
 """
 
+import numba
 import numpy as np
 import pytest
 
-from normkernels import benchmarks
+from normkernels import benchmarks, peers
 
-CANDIDATES = ["normkernels", "copy", "numpy"]
-
-
-@pytest.fixture(scope="module")
-def flush():
-    return benchmarks.CacheFlusher()
+CANDIDATES = ["normkernels", "copy", "read", *peers.PEERS]
 
 
 @pytest.mark.parametrize("candidate", CANDIDATES)
 @pytest.mark.parametrize("workload", benchmarks.WORKLOADS, ids=lambda w: w.name)
-def test_workload(benchmark, flush, workload, candidate):
+def test_workload(benchmark, flush, sized, workload, candidate):
+    workload = sized(workload)
     X, params = benchmarks.make_inputs(workload)
     out = np.empty_like(X)
     if candidate == "normkernels":
         fn = benchmarks.normkernels_call(workload, X, params, out)
-    elif candidate == "copy":
-        fn = benchmarks.baseline_calls(X, out)["copy"]
+    elif candidate in ("copy", "read"):
+        fn = benchmarks.baseline_calls(X, out)[candidate]
     else:
-        fn = benchmarks.numpy_call(workload, X, params)
+        try:
+            fn = peers.PEERS[candidate](workload, X, params, numba.get_num_threads())
+        except peers.Unavailable as exc:
+            pytest.skip(str(exc))
     fn()  # compile / load from cache, touch the output
     benchmark.group = workload.name
     small = X.nbytes < (1 << 20)
-    rounds = 200 if small else (3 if candidate == "numpy" else 15)
+    slow = candidate in ("numpy", "onnx-ref")
+    rounds = 200 if small else (3 if slow else 15)
     benchmark.pedantic(fn, rounds=rounds, iterations=1,
                        setup=None if small else flush, warmup_rounds=1)
     if benchmark.stats is not None:  # None under --benchmark-disable
