@@ -472,3 +472,56 @@ def environment():
             pass
     return {"cpu": cpu, "threads": numba.get_num_threads(),
             "threading_layer": numba.threading_layer(), "versions": versions}
+
+
+COLD_START_FAMILIES = {
+    "batchnorm inference": "nk.batch_normalization(X, p, p, p, p)",
+    "batchnorm training": "nk.batch_normalization(X, p, p, p, p, training_mode=1)",
+    "instance norm": "nk.instance_normalization(X, p, p)",
+    "moments": "nk.moments(X)",
+    "oneDNN inference": "nk.batch_norm_inference(X, p, p, p, p, epsilon=1e-5, "
+                        "data_format=\"NCX\")",
+}
+
+
+def _fresh_python(code, env):
+    import json as _json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, check=True)
+    return _json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cold_start(shape=(8, 64, 56, 56), dtype="float32", repeat=3):
+    """Seconds of: ``import numba``; ``import normkernels`` and loading its operators
+    (which imports numba); and per operator family, the first call in a fresh process
+    with an empty kernel cache (compile) and with a warm one. Each in new processes."""
+    import os
+    import tempfile
+
+    env = dict(os.environ)
+    imports = {"import numba": "import numba",
+               "import normkernels + operators": "import normkernels; "
+                                                 "normkernels.batch_normalization"}
+    result = {}
+    for label, stmt in imports.items():
+        code = ("import time, json; t = time.perf_counter(); " + stmt +
+                "; print(json.dumps(time.perf_counter() - t))")
+        result[label] = statistics.median(_fresh_python(code, env) for _ in range(repeat))
+    for family, call in COLD_START_FAMILIES.items():
+        with tempfile.TemporaryDirectory() as cache:
+            code = (
+                "import time, json, numpy as np, ml_dtypes\n"
+                "import normkernels as nk\n"
+                f"X = np.ones({tuple(shape)!r}, {dtype!r})\n"
+                f"p = np.ones({shape[1]}, 'float32')\n"
+                "t = time.perf_counter()\n"
+                f"{call}\n"
+                "print(json.dumps(time.perf_counter() - t))\n")
+            run_env = dict(env, NUMBA_CACHE_DIR=cache)
+            result[f"{family}: first call, empty cache"] = _fresh_python(code, run_env)
+            result[f"{family}: first call, warm cache"] = statistics.median(
+                _fresh_python(code, run_env) for _ in range(repeat))
+    return result

@@ -196,11 +196,45 @@ def cmd_onnx(args):
     return 0
 
 
+def cmd_coldstart(args):
+    """Import time and first-call times (empty and warm kernel cache), fresh processes."""
+    from normkernels import benchmarks
+
+    shape = tuple(int(v) for v in args.shape.split(","))
+    result = benchmarks.cold_start(shape, args.dtype, repeat=args.repeat)
+    rows = [[label, f"{seconds * 1e3:.0f}"] for label, seconds in result.items()]
+    extra = result["import normkernels + operators"] - result["import numba"]
+    rows.append(["normkernels operators over import numba", f"{extra * 1e3:.0f}"])
+    print(f"cold start, {'x'.join(map(str, shape))} {args.dtype}, fresh processes "
+          f"(median of {args.repeat} where repeated):")
+    print(_format_table(rows, ["what", "ms"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    return 0
+
+
+def _cache_files():
+    """Cached kernel index files (``*.nbi``): where they are and how many."""
+    from pathlib import Path
+
+    import numba
+
+    import normkernels.kernels
+
+    if numba.config.CACHE_DIR:
+        root = Path(numba.config.CACHE_DIR)
+    else:
+        root = Path(normkernels.kernels.__file__).parent / "__pycache__"
+    return root, sorted(root.rglob("*.nbi")) if root.exists() else []
+
+
 def cmd_info(args):
     import platform
 
     import numba
     import numpy as np
+    from llvmlite import binding
 
     import normkernels
     from normkernels.kernels import dispatch
@@ -209,7 +243,12 @@ def cmd_info(args):
           f"numpy {np.__version__}, python {platform.python_version()}")
     print(f"machine: {platform.machine()}, threads: {numba.get_num_threads()}, "
           f"streaming stores: {'yes' if dispatch.streaming_supported() else 'no'}")
-    print(f"numba cache dir: {numba.config.CACHE_DIR or '(__pycache__ beside the kernels)'}")
+    cpu = numba.config.CPU_NAME or binding.get_host_cpu_name()
+    features = binding.get_host_cpu_features()
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512bf16",
+              "avx512fp16", "amx-bf16")
+    print(f"numba targets: {cpu}; features: "
+          + ", ".join(f for f in wanted if features.get(f, False)))
     try:
         # the layer is known once a parallel kernel has run
         from normkernels.kernels.scale_shift import scale_shift_periodic_parallel
@@ -219,6 +258,8 @@ def cmd_info(args):
         print(f"threading layer: {numba.threading_layer()}")
     except ValueError:
         print("threading layer: (none initialised)")
+    root, files = _cache_files()
+    print(f"kernel cache: {root} ({len(files)} cached kernels; NUMBA_CACHE_DIR moves it)")
     return 0
 
 
@@ -233,7 +274,10 @@ def cmd_warmup(args):
     rows = []
     start = time.perf_counter()
 
+    total = len(DTYPES) * (2 * len(dispatch.PATHS) + 2 + len(dispatch.PATHS) + 1)
+
     def timed(name, label, path, kernel, *args):
+        _progress(len(rows), total, f"{name} {label} {path}")
         t0 = time.perf_counter()
         kernel(*args)
         rows.append([name, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
@@ -256,6 +300,7 @@ def cmd_warmup(args):
                   3, 1024, q[:3], q[:3], 1e-5, path)
         timed(name, "instance rows", "parallel", dispatch.instance_rows, x, np.empty_like(x),
               2, 1024, q, q, 1e-5)
+    _progress(total, total, f"done in {time.perf_counter() - start:.1f} s")
     rows.append(["all", "", "", f"{(time.perf_counter() - start) * 1e3:.0f}"])
     print(_format_table(rows, ["dtype", "kernel", "path", "ms (compile or cache load)"]))
     return 0
@@ -296,6 +341,13 @@ def main(argv=None):
                           help="resnet50 (default), densenet121, inception_v2, shufflenet")
     onnx_cmd.add_argument("--repeat", type=int, default=3, help="interleaved repeats")
     onnx_cmd.set_defaults(func=cmd_onnx)
+    cold = sub.add_parser("coldstart", help="import time and first-call times with an "
+                          "empty and a warm kernel cache, in fresh processes")
+    cold.add_argument("--shape", default="8,64,56,56", help="N,C,spatial... (NCX)")
+    cold.add_argument("--dtype", default="float32")
+    cold.add_argument("--repeat", type=int, default=3)
+    cold.add_argument("--json", help="also write the results to this JSON file")
+    cold.set_defaults(func=cmd_coldstart)
     sub.add_parser("info", help="versions, threads, cache").set_defaults(func=cmd_info)
     sub.add_parser("warmup", help="compile every kernel now").set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)

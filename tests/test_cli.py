@@ -101,3 +101,11 @@ def test_onnx_command_times_a_light_model(capsys):
     result = benchmarks.evaluator_timing("shufflenet", repeat=1)
     assert result["normkernels"]["norm_nodes"] == 49
     assert result["normkernels"]["max_rel_err"] < 1e-5
+
+
+def test_coldstart_measures_fresh_processes(monkeypatch, capsys):
+    monkeypatch.setattr(benchmarks, "COLD_START_FAMILIES",
+                        {"moments": benchmarks.COLD_START_FAMILIES["moments"]})
+    assert cli.main(["coldstart", "--shape", "2,3,8,8", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "moments: first call, empty cache" in out and "import numba" in out
