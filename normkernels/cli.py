@@ -34,7 +34,7 @@ def _agrees(result, peer):
     return result["agreement"].get(peer, 0.0) <= tol
 
 
-def _rows(results, peers):
+def result_rows(results, peers):
     rows = []
     for r in results:
         s, g = r["seconds"], r["gbps"]
@@ -65,7 +65,7 @@ LEGEND = (
     "compile or load from the disk cache.")
 
 
-def _markdown(rows, headers):
+def markdown_table(rows, headers):
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
@@ -94,7 +94,7 @@ def _plot(results, peers, path):
     ax.set_xticks(x + 0.4 - width / 2, names, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("GB/s (X read + Y written)")
     ax.set_title(f"normkernels bench, {results[0]['threads']} threads")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -150,7 +150,7 @@ def cmd_bench(args):
                                                peers=peers, threads=threads,
                                                budget_seconds=20 if args.quick else 40))
     _progress(len(workloads), len(workloads), f"done in {time.perf_counter() - start:.0f} s")
-    rows, headers = _rows(results, peers)
+    rows, headers = result_rows(results, peers)
     print(_format_table(rows, headers))
     print(LEGEND)
     skipped = {}
@@ -166,7 +166,7 @@ def cmd_bench(args):
             json.dump({**meta, "peers": peers, "results": results}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write(_markdown(rows, headers) + "\n")
+            f.write(markdown_table(rows, headers) + "\n")
     if args.plot:
         _plot(results, peers, args.plot)
     return 0

@@ -29,6 +29,14 @@ class Unavailable(Exception):
     """A peer cannot run this workload (not installed, dtype or op unsupported)."""
 
 
+def _reason(peer, exc):
+    """The informative line of a peer's (often multi-line) error message."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    noise = ("Exception from", "Check '", "Summary", "-- Conversion", "FrontEnd API")
+    kept = [ln for ln in lines if not ln.startswith(noise)] or lines or [type(exc).__name__]
+    return f"{peer}: {kept[-1][:120]}"
+
+
 def _ncx(workload, X):
     """X in NCX order (a view)."""
     if workload.data_format == "NXC" and X.ndim > 2:
@@ -103,7 +111,7 @@ def onnxruntime_peer(workload, X, params, threads):
         session = ort.InferenceSession(model.SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
     except Exception as exc:
-        raise Unavailable(f"onnxruntime: {str(exc).splitlines()[0][:100]}") from None
+        raise Unavailable(_reason("onnxruntime", exc)) from None
     return lambda: _back(workload, session.run(["Y"], inputs)[0])
 
 
@@ -157,7 +165,7 @@ def torch_peer(workload, X, params, threads):
     try:
         call()
     except Exception as exc:
-        raise Unavailable(f"torch: {str(exc).splitlines()[0][:100]}") from None
+        raise Unavailable(_reason("torch", exc)) from None
     return call
 
 
@@ -178,13 +186,13 @@ def openvino_peer(workload, X, params, threads):
                                       {"INFERENCE_PRECISION_HINT": "f32",
                                        "INFERENCE_NUM_THREADS": threads})
     except Exception as exc:
-        raise Unavailable(f"openvino: {str(exc).splitlines()[0][:100]}") from None
+        raise Unavailable(_reason("openvino", exc)) from None
     request = compiled.create_infer_request()
     feeds = list(inputs.values())
 
-    def call():
-        request.infer(feeds)
-        return _back(workload, request.get_output_tensor(0).data.copy())
+    def call():  # inputs and outputs shared with NumPy, not copied
+        request.infer(feeds, share_inputs=True, share_outputs=True)
+        return _back(workload, request.get_output_tensor(0).data)
     return call
 
 
