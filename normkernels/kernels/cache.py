@@ -8,13 +8,15 @@ otherwise leave a stale binary in use. Kernel modules import this module first; 
 registers locators whose source stamp covers every file of this package.
 
 This uses Numba's locator classes (``numba.core.caching``), which are not public API;
-if they change, the registration is skipped and Numba's per-file stamp applies.
+if they change, the registration is skipped and Numba's per-file stamp applies. The
+same goes for the reading of cache files, made tolerant of corrupt files below.
 """
 
 import hashlib
 from pathlib import Path
 
 _KERNEL_DIR = Path(__file__).resolve().parent
+_CACHE_DIRS = set()  # where the locators below put this package's kernels
 
 
 def _package_stamp():
@@ -46,7 +48,10 @@ def _register():
             def from_function(cls, py_func, py_file):
                 if Path(py_file).resolve().parent != _KERNEL_DIR:
                     return None
-                return super().from_function(py_func, py_file)
+                locator = super().from_function(py_func, py_file)
+                if locator is not None:
+                    _CACHE_DIRS.add(str(Path(locator.get_cache_path()).resolve()))
+                return locator
 
             def get_source_stamp(self):
                 return stamp
@@ -58,3 +63,76 @@ def _register():
 
 
 _register()
+
+
+_warned = []
+
+
+def _tolerate_unreadable_files():
+    """A corrupt or truncated cache file of a normkernels kernel is a cache miss (the
+    kernel recompiles and the file is rewritten), with one warning per process;
+    Numba itself raised the unpickling error into the caller's call."""
+    import warnings
+
+    try:
+        from numba.core.caching import IndexDataCacheFile
+    except ImportError:  # pragma: no cover
+        return
+    if getattr(IndexDataCacheFile, "_normkernels_tolerant", False):
+        return
+    load_index, load_data = IndexDataCacheFile._load_index, IndexDataCacheFile._load_data
+
+    def ours(cache_file):
+        index = getattr(cache_file, "_index_path", None)
+        return index is not None and str(Path(index).resolve().parent) in _CACHE_DIRS
+
+    def warn(path, exc):
+        if not _warned:
+            _warned.append(path)
+            warnings.warn(f"normkernels: ignoring an unreadable kernel cache file ({path}: "
+                          f"{type(exc).__name__}); recompiling", RuntimeWarning, stacklevel=2)
+
+    def _load_index(self):
+        try:
+            return load_index(self)
+        except Exception as exc:
+            if not ours(self):
+                raise
+            warn(self._index_path, exc)
+            return {}
+
+    def _load_data(self, name):
+        try:
+            return load_data(self, name)
+        except OSError:
+            raise
+        except Exception as exc:
+            if not ours(self):
+                raise
+            warn(name, exc)
+            raise OSError(f"unreadable cache data {name}") from exc  # Numba: a cache miss
+
+    IndexDataCacheFile._load_index = _load_index
+    IndexDataCacheFile._load_data = _load_data
+    IndexDataCacheFile._normkernels_tolerant = True
+
+
+_tolerate_unreadable_files()
+
+
+def serial_twin(dispatcher, **options):
+    """A one-thread copy of a ``parallel=True`` kernel (``prange`` runs as ``range``):
+    the same source and arithmetic, so the same bits, under its own name in the disk
+    cache. For where a parallel launch is not allowed (a child forked from a process
+    that used GNU OpenMP, which Numba terminates on its first parallel call)."""
+    import types
+
+    from numba import njit
+
+    fn = dispatcher.py_func
+    copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + "_serial",
+                              fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = fn.__qualname__ + "_serial"
+    copy.__module__ = fn.__module__
+    copy.__doc__ = f"One-thread twin of :func:`{fn.__name__}`."
+    return njit(**options)(copy)

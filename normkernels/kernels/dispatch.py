@@ -7,8 +7,11 @@ measured on this project's 2-core benchmark machine; every path gives identical
 results, so they only move time.
 """
 
+import contextlib
 import functools
+import os
 import platform
+import threading
 
 import numba
 import numpy as np
@@ -19,6 +22,50 @@ from normkernels.kernels import scale_shift as loops
 from normkernels.kernels.storage import compute_dtype, storage_view
 
 PATHS = ("serial", "parallel", "streaming")
+
+# --- where parallel launches are allowed, and serialised ---
+# Numba terminates a child forked from a process that used its GNU OpenMP layer on the
+# child's first parallel call ("fork() called from a process already using GNU
+# OpenMP"). Such a child runs every kernel on one thread instead: the serial kernels
+# and the one-thread twins of the parallel ones give the same bits.
+_forked_from_openmp = False
+
+
+def _after_fork_in_child():
+    global _forked_from_openmp
+    try:
+        _forked_from_openmp = numba.threading_layer() == "omp"
+    except ValueError:  # no parallel launch in the parent: nothing to avoid
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def parallel_allowed():
+    """False in a child forked after GNU OpenMP ran in the parent."""
+    return not _forked_from_openmp
+
+
+# Numba's workqueue layer aborts the process when two threads launch parallel kernels
+# at once; under it (and until the layer is known) launches are serialised here.
+_LAUNCH_LOCK = threading.RLock()
+_layer = None
+
+
+def _launch_guard():
+    global _layer
+    if _layer is None:
+        try:
+            _layer = numba.threading_layer()
+        except ValueError:  # not started yet: serialise the first launch
+            return _LAUNCH_LOCK
+    return _LAUNCH_LOCK if _layer == "workqueue" else contextlib.nullcontext()
+
+
+def _pick(parallel, serial):
+    return parallel if parallel_allowed() else serial
 
 # A parallel launch costs about 4 us here and a serial call about 0.5 us: below this
 # many elements one thread wins. Measured (f32, in cache, serial / parallel us):
@@ -100,10 +147,12 @@ def parameter_tables(C, S, mean, a, b):
 def _checked_path(ys, path):
     """``path``, or the one :func:`choose_path` picks; streaming falls back to
     parallel where it cannot run."""
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if not parallel_allowed():
+        return "serial"
     if path is None:
         return choose_path(ys)
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if path == "streaming" and not (streaming_supported() and ys.flags.aligned):
         return "parallel"
     return path
@@ -129,6 +178,11 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
     xs = storage_view(x.reshape(-1))
     ys = storage_view(y.reshape(-1))
     path = _checked_path(ys, path)
+    with contextlib.nullcontext() if path == "serial" else _launch_guard():
+        _scale_shift(xs, ys, C, S, mean, a, b, path)
+
+
+def _scale_shift(xs, ys, C, S, mean, a, b, path):
     if use_planes(C, S, mean.itemsize):
         if path == "serial":
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
@@ -177,8 +231,11 @@ def moments(x, C, S):
         chunks = -(-S // reductions.PLANE_CHUNK)
         part_mean = np.empty(xs.size // S * chunks)
         part_m2 = np.empty_like(part_mean)
-        reductions.plane_partials(xs, S, part_mean, part_m2)
-        reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
+        with _launch_guard():
+            _pick(reductions.plane_partials, reductions.plane_partials_serial)(
+                xs, S, part_mean, part_m2)
+            _pick(reductions.merge_planes, reductions.merge_planes_serial)(
+                part_mean, part_m2, C, S, count, mean, m2)
         return count, mean, m2
     period = C * S
     width = period * -(-MIN_ROW_COLUMNS // period)
@@ -197,8 +254,11 @@ def _row_moments(xs, P, C, S, count, mean, m2):
     n_blocks = -(-n_rows // rows_per_block)
     part_mean = np.empty((n_blocks, P))
     part_m2 = np.empty((n_blocks, P))
-    reductions.row_partials(xs, P, n_rows, rows_per_block, part_mean, part_m2)
-    reductions.merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2)
+    with _launch_guard():
+        _pick(reductions.row_partials, reductions.row_partials_serial)(
+            xs, P, n_rows, rows_per_block, part_mean, part_m2)
+        _pick(reductions.merge_rows, reductions.merge_rows_serial)(
+            part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2)
 
 
 # Instance normalization, NCX: one plane per work item (statistics, then normalize
@@ -236,17 +296,20 @@ def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
         chunks = -(-S // reductions.PLANE_CHUNK)
         part_mean = np.empty(n_planes * chunks)
         part_m2 = np.empty_like(part_mean)
-        reductions.plane_partials(xs, S, part_mean, part_m2)
-        reductions.merge_planes(part_mean, part_m2, n_planes, S, np.zeros(n_planes, np.int64),
-                                mean, m2)
+        with _launch_guard():
+            reductions.plane_partials(xs, S, part_mean, part_m2)
+            reductions.merge_planes(part_mean, part_m2, n_planes, S,
+                                    np.zeros(n_planes, np.int64), mean, m2)
         instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
         scale_shift(x, y, n_planes, S, m, a, b, path)
     elif path == "serial":
         instance.fused_planes_serial(xs, ys, *args)
     elif path == "streaming" and S >= loops.MIN_PLANE:
-        instance.fused_planes_streaming(xs, ys, *args)
+        with _launch_guard():
+            instance.fused_planes_streaming(xs, ys, *args)
     else:
-        instance.fused_planes_parallel(xs, ys, *args)
+        with _launch_guard():
+            instance.fused_planes_parallel(xs, ys, *args)
     return mean, m2
 
 
@@ -275,9 +338,13 @@ def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
     blocks = -(-R // rows_per_block)
     part_mean = np.empty((N * blocks, C))
     part_m2 = np.empty_like(part_mean)
-    reductions.row_partials(xs, C, R, rows_per_block, part_mean, part_m2)
+    with _launch_guard():
+        _pick(reductions.row_partials, reductions.row_partials_serial)(
+            xs, C, R, rows_per_block, part_mean, part_m2)
     mean, m2 = np.empty(N * C), np.empty(N * C)
-    instance.merge_sample_rows(part_mean, part_m2, R, rows_per_block, mean, m2)
+    with _launch_guard():
+        _pick(instance.merge_sample_rows, instance.merge_sample_rows_serial)(
+            part_mean, part_m2, R, rows_per_block, mean, m2)
     cd = compute_dtype(x.dtype)
     m, a, b = np.empty(N * C, cd), np.empty(N * C, cd), np.empty(N * C, cd)
     instance.fold_planes(C, R, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
@@ -288,5 +355,7 @@ def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
             cs = slice(n * C, (n + 1) * C)
             scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
     else:
-        instance.normalize_rows(xs, ys, C, R, rows_per_block, m, a, b)
+        with _launch_guard():
+            _pick(instance.normalize_rows, instance.normalize_rows_serial)(
+                xs, ys, C, R, rows_per_block, m, a, b)
     return mean, m2

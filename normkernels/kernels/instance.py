@@ -18,10 +18,13 @@ Layouts as elsewhere: NCX memory is ``N * C`` planes of ``S`` elements (plane
   of :mod:`normkernels.kernels.moments`), merged per (n, c), then normalized.
 """
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.fold import fold_one
 from normkernels.kernels.moments import (
@@ -125,6 +128,8 @@ def merge_sample_rows(part_mean, part_m2, rows_per_sample, rows_per_block, mean,
         first = (item // C) * blocks_per_sample
         c = item % C
         shift = part_mean[first, c]
+        if not math.isfinite(shift):  # keep an infinite mean infinite (not inf - inf)
+            shift = 0.0
         total = 0.0
         for k in range(blocks_per_sample):
             size = min(rows_per_block, rows_per_sample - k * rows_per_block)
@@ -154,3 +159,8 @@ def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b):
         bn = b[n * C:(n + 1) * C]
         for r in range(first, last):
             _run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn)
+
+
+# one-thread twins (see normkernels.kernels.cache.serial_twin)
+merge_sample_rows_serial = serial_twin(merge_sample_rows, **MOMENTS_OPTIONS)
+normalize_rows_serial = serial_twin(normalize_rows, **KERNEL_OPTIONS)

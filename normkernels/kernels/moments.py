@@ -30,6 +30,7 @@ import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.scale_shift import KERNEL_OPTIONS
 
@@ -63,6 +64,8 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
         return n_b, mean_b, m2_b
     delta = mean_b - mean_a
     mean = mean_a + delta * (n_b / n)
+    if not math.isfinite(delta):  # an infinite mean: the weighted mean gives IEEE's
+        mean = (mean_a * n_a + mean_b * n_b) / n  # answer (inf, or NaN for inf - inf)
     m2 = m2_a + m2_b + delta * delta * (n_a * (n_b / n))
     return n, mean, m2
 
@@ -85,6 +88,8 @@ def _difference(a, b):
 def _span_two_pass(x):
     """(mean, M2) of a slice by two passes: sum, then squared deviations."""
     shift = np.float64(load(x, 0))
+    if not math.isfinite(shift):  # x - inf would turn an infinite mean into NaN
+        shift = 0.0
     total = 0.0
     for i in range(x.size):
         total += _deviation(x, i, shift)
@@ -301,6 +306,8 @@ def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2
     period = C * S
     for c in prange(C):
         shift = part_mean[0, c * S]  # a constant channel then gets M2 = 0 exactly
+        if not math.isfinite(shift):
+            shift = 0.0
         n = 0
         total = 0.0
         for b in range(n_blocks):
@@ -318,3 +325,10 @@ def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2
                     d = part_mean[b, j] - mu
                     q += part_m2[b, j] + size * (d * d)
         count[c], mean[c], m2[c] = chan_merge(count[c], mean[c], m2[c], n, mu, q)
+
+
+# one-thread twins (see normkernels.kernels.cache.serial_twin)
+plane_partials_serial = serial_twin(plane_partials, **MOMENTS_OPTIONS)
+merge_planes_serial = serial_twin(merge_planes, **MOMENTS_OPTIONS)
+row_partials_serial = serial_twin(row_partials, **MOMENTS_OPTIONS)
+merge_rows_serial = serial_twin(merge_rows, **MOMENTS_OPTIONS)

@@ -56,13 +56,17 @@ def dtype_names(dtypes):
 
 
 def as_array(name, value):
-    """``value`` as an ndarray (array-likes are converted by NumPy's rules)."""
-    if isinstance(value, np.ndarray):
-        return value
-    try:
-        return np.asarray(value)
-    except Exception as exc:
-        raise TypeError(f"{name}: cannot be converted to an array ({exc})") from None
+    """``value`` as an ndarray (array-likes are converted by NumPy's rules); an array
+    in non-native byte order is converted to native order (a copy; the kernels read
+    native numbers)."""
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value)
+        except Exception as exc:
+            raise TypeError(f"{name}: cannot be converted to an array ({exc})") from None
+    if not value.dtype.isnative:
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
 
 
 def check_dtype(op, name, arr, allowed):

@@ -64,7 +64,9 @@ def merge(a, b):
     with np.errstate(invalid="ignore", divide="ignore"):
         w_b = np.where(n > 0, n_b / np.maximum(n, 1), 0.0)
         delta = b.mean - a.mean
-        mean = np.where(n_a == 0, b.mean, np.where(n_b == 0, a.mean, a.mean + delta * w_b))
+        combined = np.where(np.isfinite(delta), a.mean + delta * w_b,
+                            (a.mean * n_a + b.mean * n_b) / np.maximum(n, 1))  # inf means
+        mean = np.where(n_a == 0, b.mean, np.where(n_b == 0, a.mean, combined))
         m2 = np.where(n_a == 0, b.M2, np.where(
             n_b == 0, a.M2, a.M2 + b.M2 + delta * delta * (n_a * w_b)))
     return Moments(n, mean.astype(np.float64), m2.astype(np.float64))
