@@ -90,6 +90,8 @@ def check_same_dtype(op, type_var, named_arrays):
 
 def check_float_attribute(op, name, value, positive=False):
     """A FLOAT attribute: a finite number (and > 0 when ``positive``)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
     try:
         number = float(value)
     except (TypeError, ValueError):
