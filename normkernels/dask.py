@@ -161,13 +161,48 @@ def _blockwise(fn, X, c_axis, params, dtype):
     return da.blockwise(fn, index, *args, dtype=dtype, concatenate=True)
 
 
+def _write_into(out, fn, X, c_axis, params):
+    """Lazily run ``fn(block, *param_blocks, out=region_of_out)`` for every block of X:
+    Y goes straight into ``out`` (a NumPy array of X's shape), with no per-block
+    array and no copy. Returns the dask array of per-block tokens to compute."""
+    da = _dask()
+    if not isinstance(out, np.ndarray) or out.shape != X.shape or out.dtype != X.dtype:
+        raise ValueError(f"normkernels.dask: out must be a NumPy array of X's shape and "
+                         f"dtype ({X.shape}, {X.dtype})")
+    shape = [1] * X.ndim
+    shape[c_axis] = -1
+    blocks = []
+    for p in params:
+        p = p.reshape(shape)
+        blocks.append(p.rechunk(tuple(X.chunks[c_axis] if i == c_axis else (1,)
+                                      for i in range(X.ndim))))
+
+    def task(block, *param_blocks, block_info=None):
+        region = tuple(slice(lo, hi) for lo, hi in block_info[0]["array-location"])
+        fn(block, *(p.reshape(-1) for p in param_blocks), out=out[region])
+        return np.zeros((1,) * block.ndim, np.int8)
+
+    return da.map_blocks(task, X, *blocks, dtype=np.int8,
+                         chunks=tuple((1,) * len(c) for c in X.chunks))
+
+
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
-                        training_mode=None, opset=15, data_format="NCX"):
+                        training_mode=None, opset=15, data_format="NCX",
+                        compute_statistics=False, out=None):
     """:func:`normkernels.batch_normalization` (opsets 14 and 15) on a dask array.
 
     Inference: blockwise. Training: the batch statistics by a tree reduction of
     per-block partial moments, then the blockwise normalize with them; returns lazy
     ``(Y, running_mean, running_var)`` (running statistics in input_mean's dtype).
+
+    ``compute_statistics=True`` computes the batch statistics now (one pass over X)
+    and builds Y on them. Use it when X does not fit in memory and is not persisted:
+    in a single graph every block of X is needed by the statistics and again by Y
+    after them, so the scheduler would keep all of X in memory meanwhile.
+
+    ``out``: a NumPy array of X's shape and dtype; then everything is computed now,
+    each block's Y is written straight into it, and ``out`` is returned (with the
+    running statistics as NumPy arrays in training).
     """
     da = _check(X)
     if isinstance(opset, bool) or not isinstance(opset, int) or opset < 14:
@@ -183,19 +218,32 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
                                     epsilon=eps, momentum=mom, training_mode=training_mode,
                                     opset=opset)
 
-    def normalize(block, s, b, m, v):
+    def normalize(block, s, b, m, v, out=None):
         return normkernels.batch_normalization(block, s, b, m, v, epsilon=eps, opset=opset,
-                                               data_format=data_format)
+                                               data_format=data_format, out=out)
 
     if not training_mode:
+        if out is not None:
+            _write_into(out, normalize, X, c_axis, params).compute()
+            return out
         return _blockwise(normalize, X, c_axis, params, X.dtype)
     count, mean, m2 = partial_moments(X, data_format=data_format)
     var = m2 / count
-    Y = _blockwise(normalize, X, c_axis, [params[0], params[1], _per_channel(mean, X, c_axis),
-                                          _per_channel(var, X, c_axis)], X.dtype)
+    if compute_statistics:
+        import dask
+
+        mean, var = (da.from_array(v) for v in dask.compute(mean, var))
     stats_dtype = params[2].dtype
     running_mean = (params[2].astype(np.float64) * mom + mean * (1 - mom)).astype(stats_dtype)
     running_var = (params[3].astype(np.float64) * mom + var * (1 - mom)).astype(stats_dtype)
+    batch = [params[0], params[1], _per_channel(mean, X, c_axis), _per_channel(var, X, c_axis)]
+    if out is not None:
+        import dask
+
+        tokens = _write_into(out, normalize, X, c_axis, batch)
+        _, running_mean, running_var = dask.compute(tokens, running_mean, running_var)
+        return out, running_mean, running_var
+    Y = _blockwise(normalize, X, c_axis, batch, X.dtype)
     del da
     return Y, running_mean, running_var
 
@@ -213,10 +261,12 @@ def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_fo
     return _blockwise(normalize, input, c_axis, params, input.dtype)
 
 
-def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_format="NCX"):
+def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_format="NCX",
+                           compute_statistics=False):
     """:func:`normkernels.instance_normalization` on a dask array: per-(n, c)
     statistics by a tree reduction over the spatial chunks, then a blockwise normalize
-    of every sample with its own statistics."""
+    of every sample with its own statistics (``compute_statistics``: as in
+    :func:`batch_normalization`)."""
     da = _check(input, "input")
     c_axis = _channel_axis(input, data_format)
     sample = np.ones((1, 1) + (1,) * max(input.ndim - 2, 1), input.dtype)
@@ -227,6 +277,11 @@ def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_form
     part = _reduce(input, data_format, True, None)
     mean = part["mean"].rechunk((input.chunks[0], input.chunks[c_axis]))
     var = (part["M2"] / part["count"]).rechunk((input.chunks[0], input.chunks[c_axis]))
+    if compute_statistics:
+        import dask
+
+        chunks = (input.chunks[0], input.chunks[c_axis])
+        mean, var = (da.from_array(v, chunks=chunks) for v in dask.compute(mean, var))
     index = tuple(range(input.ndim))
 
     def normalize(block, s, b, m, v):

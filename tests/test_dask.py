@@ -132,3 +132,26 @@ def test_on_a_two_process_local_cluster(rng):
     np.testing.assert_allclose(var, nk.moments(X)[1], rtol=1e-13)
     np.testing.assert_allclose(Z, nk.instance_normalization(X, p[0], p[1]), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("training", [0, 1])
+def test_out_and_eager_statistics(rng, training):
+    X, p = data(rng, F32, "NCX", mean=1.0)
+    Xd = da.from_array(X, chunks=(2, 3, 7, 9))
+    expected = nk.batch_normalization(X, *p, training_mode=training)
+    out = np.full_like(X, np.nan)
+    got = nkd.batch_normalization(Xd, *p, training_mode=training, out=out)
+    if training:
+        assert got[0] is out
+        lazy = nkd.batch_normalization(Xd, *p, training_mode=1, compute_statistics=True)
+        np.testing.assert_allclose(lazy[0].compute(), expected[0], rtol=1e-5, atol=1e-5)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    else:
+        assert got is out
+        assert_identical(out, expected)
+    with pytest.raises(ValueError, match="out must be a NumPy array"):
+        nkd.batch_normalization(Xd, *p, training_mode=training, out=np.empty(3, F32))
+    Z = nkd.instance_normalization(Xd, p[0], p[1], compute_statistics=True)
+    np.testing.assert_allclose(Z.compute(), nk.instance_normalization(X, p[0], p[1]),
+                               rtol=1e-5, atol=1e-5)
