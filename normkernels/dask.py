@@ -182,8 +182,12 @@ def _write_into(out, fn, X, c_axis, params):
         fn(block, *(p.reshape(-1) for p in param_blocks), out=out[region])
         return np.zeros((1,) * block.ndim, np.int8)
 
+    import uuid
+
+    # an explicit name: dask would otherwise hash the task, out (all of Y) included
     return da.map_blocks(task, X, *blocks, dtype=np.int8,
-                         chunks=tuple((1,) * len(c) for c in X.chunks))
+                         chunks=tuple((1,) * len(c) for c in X.chunks),
+                         name=f"normkernels-into-{uuid.uuid4().hex}")
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
