@@ -248,7 +248,6 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         _, running_mean, running_var = dask.compute(tokens, running_mean, running_var)
         return out, running_mean, running_var
     Y = _blockwise(normalize, X, c_axis, batch, X.dtype)
-    del da
     return Y, running_mean, running_var
 
 
@@ -297,9 +296,6 @@ def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_form
                 opset=15, data_format=data_format)
         return out
 
-    del da
-    from dask.array import blockwise
-
-    return blockwise(normalize, index, input, index, params[0], (c_axis,), params[1],
-                     (c_axis,), mean, (0, c_axis), var, (0, c_axis), dtype=input.dtype,
-                     concatenate=True)
+    return da.blockwise(normalize, index, input, index, params[0], (c_axis,), params[1],
+                        (c_axis,), mean, (0, c_axis), var, (0, c_axis), dtype=input.dtype,
+                        concatenate=True)
