@@ -60,7 +60,7 @@ def _onnx_model(workload, X, params):
     try:
         from onnx import TensorProto, helper
     except ImportError:
-        raise Unavailable("onnx not installed") from None
+        raise Unavailable("onnx not installed (it builds the one-node model)") from None
     types = {"float16": TensorProto.FLOAT16, "float32": TensorProto.FLOAT,
              "float64": TensorProto.DOUBLE, "bfloat16": TensorProto.BFLOAT16}
 
@@ -98,11 +98,11 @@ def onnx_reference_peer(workload, X, params, threads):
 
 
 def onnxruntime_peer(workload, X, params, threads):
-    model, inputs = _onnx_model(workload, X, params)
     try:
         import onnxruntime as ort
     except ImportError:
         raise Unavailable("onnxruntime not installed") from None
+    model, inputs = _onnx_model(workload, X, params)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
