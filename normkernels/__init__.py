@@ -10,10 +10,10 @@ __all__ = ["batch_norm_inference", "batch_normalization", "instance_normalizatio
 
 
 def __getattr__(name):
-    if name == "onnx":  # the ONNX integration (needs the onnx package)
+    if name in ("onnx", "dask"):  # integrations (need the onnx / dask packages)
         import importlib
 
-        return importlib.import_module("normkernels.onnx")
+        return importlib.import_module(f"normkernels.{name}")
     if name in __all__:
         from normkernels import api
 
