@@ -234,8 +234,7 @@ def moments(x, C, S):
         with _launch_guard():
             _pick(reductions.plane_partials, reductions.plane_partials_serial)(
                 xs, S, part_mean, part_m2)
-            _pick(reductions.merge_planes, reductions.merge_planes_serial)(
-                part_mean, part_m2, C, S, count, mean, m2)
+            reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
         return count, mean, m2
     period = C * S
     width = period * -(-MIN_ROW_COLUMNS // period)
