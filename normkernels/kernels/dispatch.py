@@ -228,13 +228,7 @@ def moments(x, C, S):
         S = xs.size  # one channel: the whole tensor is one plane
     n_rows = xs.size // (C * S)
     if S >= MOMENTS_MIN_PLANE and (S >= MOMENTS_SHORT_PLANE or n_rows < MOMENTS_MIN_ROWS):
-        chunks = -(-S // reductions.PLANE_CHUNK)
-        part_mean = np.empty(xs.size // S * chunks)
-        part_m2 = np.empty_like(part_mean)
-        with _launch_guard():
-            _pick(reductions.plane_partials, reductions.plane_partials_serial)(
-                xs, S, part_mean, part_m2)
-            reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
+        _plane_moments(xs, C, S, count, mean, m2)
         return count, mean, m2
     period = C * S
     width = period * -(-MIN_ROW_COLUMNS // period)
@@ -242,6 +236,18 @@ def moments(x, C, S):
     _row_moments(xs[:wide_rows * width], width, C, S, count, mean, m2)
     _row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2)
     return count, mean, m2
+
+
+def _plane_moments(xs, C, S, count, mean, m2):
+    """Per-channel statistics by the planes kernel: partials per (plane, chunk) in
+    parallel, merged plane by plane (channel ``p % C`` of plane ``p``)."""
+    chunks = -(-S // reductions.PLANE_CHUNK)
+    part_mean = np.empty(xs.size // S * chunks)
+    part_m2 = np.empty_like(part_mean)
+    with _launch_guard():
+        _pick(reductions.plane_partials, reductions.plane_partials_serial)(
+            xs, S, part_mean, part_m2)
+    reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
 
 
 def _row_moments(xs, P, C, S, count, mean, m2):
@@ -292,13 +298,7 @@ def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
         S < FUSED_MIN_PLANE or S * xs.itemsize > FUSED_MAX_PLANE_BYTES
         or n_planes < 2 * numba.get_num_threads())
     if split:
-        chunks = -(-S // reductions.PLANE_CHUNK)
-        part_mean = np.empty(n_planes * chunks)
-        part_m2 = np.empty_like(part_mean)
-        with _launch_guard():
-            reductions.plane_partials(xs, S, part_mean, part_m2)
-            reductions.merge_planes(part_mean, part_m2, n_planes, S,
-                                    np.zeros(n_planes, np.int64), mean, m2)
+        _plane_moments(xs, n_planes, S, np.zeros(n_planes, np.int64), mean, m2)
         instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
         scale_shift(x, y, n_planes, S, m, a, b, path)
     elif path == "serial":
