@@ -1,10 +1,24 @@
 """Slow twins: the operators with NumPy loops instead of Numba kernels.
 
 They share the spec layer (argument checks, parameter folding, layouts) with the
-public functions and do the same float operations in the same order, so their results
-are bit-identical to the kernels'. Read them as the statement of what is computed;
-the tests compare the kernels against them and both against an independent float64
-oracle written from the specs.
+public functions. Read them as the statement of what is computed; the tests compare
+the kernels against them and both against an independent float64 oracle written
+from the specs.
+
+What is bit-identical to the kernels:
+
+* Everything after the statistics: the normalize pass (every path, layout and dtype,
+  rounding of 16-bit outputs included) and the folding of the parameters. Inference
+  results are bit-identical; so are training and instance-normalization results
+  when the twin is given the kernels' statistics (``normalize_planes``,
+  ``normalize_rows``, and ``moments`` swapped for the kernels'; tests/test_paths.py
+  does this on every route).
+* Not the statistics: the twin takes float64 two-pass means and sums of squares
+  (NumPy's pairwise sums), the kernels blocked one-pass shifted sums merged with
+  Chan's formula (float32 runs for 16-bit X). Both are within the accuracy the
+  README states (mean within e_m (|mean| + std), variance within e_v of itself:
+  2e-15 / 1e-12 for float32 and float64 X, 1e-6 / 1e-6 for 16-bit X), which the
+  tests check for each against the float64 oracle.
 """
 
 import sys
@@ -29,8 +43,8 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
 
 def moments(x, C, S):
     """NumPy twin of :func:`normkernels.kernels.dispatch.moments`: per-channel
-    ``(count, mean, M2)`` in float64 by two passes (pairwise sums). Not bit-identical
-    to the kernels, whose summation order differs."""
+    ``(count, mean, M2)`` in float64 by two passes (pairwise sums); not bit-identical
+    to the kernels (see the module docstring)."""
     per_channel = np.ascontiguousarray(
         x.reshape(-1, C, S).astype(np.float64).transpose(1, 0, 2)).reshape(C, -1)
     count = np.full(C, per_channel.shape[1], np.int64)
@@ -40,38 +54,50 @@ def moments(x, C, S):
     return count, mean, m2
 
 
-def _instance_parameters(x, scale, B, epsilon, mean, m2, count):
-    reps = mean.size // scale.size
-    return common.fold_parameters(np.tile(scale, reps), np.tile(B, reps), mean, m2 / count,
-                                  epsilon, x.dtype)
-
-
 def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
-    """NumPy twin of :func:`normkernels.kernels.dispatch.instance_planes` (statistics
-    by two passes, so not bit-identical to the kernels)."""
+    """NumPy twin of :func:`normkernels.kernels.dispatch.instance_planes`."""
     planes = x.reshape(-1, S).astype(np.float64)
     with np.errstate(all="ignore"):
         mean = planes.mean(axis=1)
         m2 = ((planes - mean[:, None]) ** 2).sum(axis=1)
+    normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2)
+    return mean, m2
+
+
+def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2):
+    """Y of NCX instance normalization from the per-plane ``mean`` and ``m2``."""
     m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S)
     scale_shift(x, y, mean.size, S, m, a, b)
-    return mean, m2
 
 
 def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
     """NumPy twin of :func:`normkernels.kernels.dispatch.instance_rows`."""
     # (n, c) planes made contiguous: NumPy sums pairwise only along the last axis
     planes = np.ascontiguousarray(x.reshape(N, -1, C).astype(np.float64).transpose(0, 2, 1))
-    R = planes.shape[2]
     with np.errstate(all="ignore"):
         mean = planes.mean(axis=2)
         m2 = ((planes - mean[:, :, None]) ** 2).sum(axis=2)
-        m, a, b = _instance_parameters(x, scale, B, epsilon, mean.reshape(-1), m2.reshape(-1), R)
+    mean, m2 = mean.reshape(-1), m2.reshape(-1)
+    normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2)
+    return mean, m2
+
+
+def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2):
+    """Y of NXC instance normalization from the per-(n, c) ``mean`` and ``m2``
+    (flat, ``n * C + c``)."""
+    R = x.size // (N * C)
+    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, R)
+    with np.errstate(all="ignore"):
         xv = x.reshape(N, R, C).astype(compute_dtype(x.dtype))
         shape = (N, 1, C)
         result = (xv - m.reshape(shape)) * a.reshape(shape) + b.reshape(shape)
         y.reshape(N, R, C)[...] = result.astype(y.dtype)
-    return mean.reshape(-1), m2.reshape(-1)
+
+
+def _instance_parameters(x, scale, B, epsilon, mean, m2, count):
+    reps = mean.size // scale.size
+    return common.fold_parameters(np.tile(scale, reps), np.tile(B, reps), mean, m2 / count,
+                                  epsilon, x.dtype)
 
 
 _ENGINE = sys.modules[__name__]

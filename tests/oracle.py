@@ -1,13 +1,69 @@
-"""Independent float64 oracles, written from the specs in ../shared/specs.
+"""Independent float64 oracles, written from the specs in ../shared/specs, and the
+error model the kernels are held to.
 
 Nothing here imports normkernels: these are the statements the kernels are checked
-against. Tolerances are derived from the compute dtype's rounding (see ``tolerance``).
+against.
+
+The error model (the README's "Numerics" states the same):
+
+* Normalize: per channel the kernel computes ``y = (x - m) * a + b`` in the compute
+  dtype (float64 for float64 X, else float32), with ``a = scale / sqrt(var + eps)``
+  folded in float64 and rounded once, ``m`` the mean rounded to the compute dtype and
+  ``b = B - (mean - m) * a`` (the mean's residual folded into B in float64). With
+  ``u`` the unit roundoff of the compute dtype and ``g(k) = k u / (1 - k u)``, each
+  of the four roundings of the ``(x - m) * a`` product chain and the three of the
+  ``+ b`` chain gives (:func:`arithmetic_bound`)
+
+      |y - exact| <= g(6) |x - mean| |a| + g(3) (|B| + |mean - m| |a|) + underflow.
+
+* 16-bit outputs are ``y`` rounded once to nearest even, so they are within half an
+  ulp of the output dtype (at ``|y|``) beyond that bound: truncation (up to a whole
+  ulp) fails it on random data, round-half-up fails the tie tests.
+* Statistics (training, instance normalization, moments) computed by the kernels are
+  within ``STATISTICS_ERROR``: ``|mean - exact| <= e_m (|mean| + std)`` and
+  ``|var - exact| <= e_v var``; Y then moves by the first-order effect of that.
 """
 
 import ml_dtypes
 import numpy as np
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
+
+# (significand bits, smallest normal exponent) of each float dtype
+_FORMATS = {F16: (10, -14), BFLOAT16: (7, -126), F32: (23, -126), F64: (52, -1022)}
+
+# (e_m, e_v): the accuracy the README states for the kernels' statistics. float32 and
+# float64 X accumulate in float64 (measured worst: 5.2 and 650 float64 unit roundoffs
+# over the tests' shapes and offsets up to 1e4); 16-bit X sums float32 runs joined
+# in float64 (measured worst 0.2 and 0.7 float32 unit roundoffs).
+STATISTICS_ERROR = {F16: (1e-6, 1e-6), BFLOAT16: (1e-6, 1e-6),
+                    F32: (2e-15, 1e-12), F64: (2e-15, 1e-12)}
+
+
+def unit_roundoff(dtype):
+    """Half the spacing of ``dtype`` at 1: the relative error of one rounding."""
+    return 2.0 ** -(_FORMATS[np.dtype(dtype)][0] + 1)
+
+
+def gamma(k, dtype):
+    """Higham's bound on ``k`` successive roundings: ``k u / (1 - k u)``."""
+    u = unit_roundoff(dtype)
+    return k * u / (1 - k * u)
+
+
+def compute_dtype(dtype):
+    """The kernels' arithmetic dtype for tensors of ``dtype``."""
+    return F64 if np.dtype(dtype) == F64 else F32
+
+
+def ulp(values, dtype):
+    """Spacing of ``dtype`` at each of ``values`` (float64 array)."""
+    bits, emin = _FORMATS[np.dtype(dtype)]
+    mag = np.abs(np.asarray(values, dtype=np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exp = np.floor(np.log2(np.where((mag > 0) & np.isfinite(mag), mag, 1.0)))
+    return np.exp2(np.maximum(exp, emin) - bits)
 
 
 def channel_shape(X, data_format):
@@ -19,65 +75,116 @@ def channel_shape(X, data_format):
     return tuple(shape)
 
 
+def _f64(v, shape=None):
+    v = np.asarray(v).astype(np.float64)
+    return v if shape is None else v.reshape(shape)
+
+
 def batch_norm(X, scale, B, mean, var, epsilon, data_format="NCX"):
     """ONNX BatchNormalization inference / oneDNN BatchNormInference in float64:
-    ``Y = (X - mean) / sqrt(var + epsilon) * scale + B``."""
+    ``Y = (X - mean) / sqrt(var + epsilon) * scale + B``. ``mean`` and ``var`` are
+    per channel, or arrays that broadcast against X."""
     shape = channel_shape(X, data_format)
-    f = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
-    x = np.asarray(X).astype(np.float64)
+    f = lambda v: _f64(v) if np.ndim(v) == np.ndim(X) else _f64(v, shape)  # noqa: E731
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        return (x - f(mean)) / np.sqrt(f(var) + epsilon) * f(scale) + f(B)
+        return (_f64(X) - f(mean)) / np.sqrt(f(var) + epsilon) * f(scale) + f(B)
 
 
-# (significand bits, smallest normal exponent) of each float dtype
-_FORMATS = {
-    np.dtype(np.float16): (10, -14),
-    BFLOAT16: (7, -126),
-    np.dtype(np.float32): (23, -126),
-    np.dtype(np.float64): (52, -1022),
-}
-
-
-def ulp(values, dtype):
-    """Spacing of ``dtype`` at each of ``values`` (float64 array)."""
-    bits, emin = _FORMATS[np.dtype(dtype)]
-    mag = np.abs(np.asarray(values, dtype=np.float64))
-    with np.errstate(divide="ignore"):
-        exp = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
-    return np.exp2(np.maximum(exp, emin) - bits)
-
-
-def tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype, mean_rounded):
-    """Allowed |Y - oracle| per element.
-
-    The kernel computes ``(x - m) * a + b`` in the compute dtype (float64 for float64
-    X, else float32) with ``a`` and ``m`` and ``b`` rounded once to it: a few units of
-    rounding relative to the magnitudes of the terms, plus (``mean_rounded``) the
-    rounding of a mean wider than the compute dtype. 16-bit outputs then add one
-    rounding to their format: at most 1 ulp of the output dtype.
-    """
-    compute = np.float64 if np.dtype(out_dtype) == np.float64 else np.float32
-    eps = np.finfo(compute).eps
+def arithmetic_bound(X, scale, B, mean, var, epsilon, data_format, out_dtype,
+                     mean_rounded=False):
+    """The bound of the compute dtype's arithmetic on ``(x - m) * a + b`` (module
+    docstring), per element. ``mean_rounded``: the mean is wider than the compute dtype
+    (a float64 mean with float32 X, every batch mean), so ``m`` is its rounding and B
+    takes the residual."""
+    cd = compute_dtype(out_dtype)
     shape = channel_shape(X, data_format)
-    f = lambda v: np.abs(np.asarray(v, dtype=np.float64).reshape(shape))  # noqa: E731
+    f = lambda v: _f64(v) if np.ndim(v) == np.ndim(X) else _f64(v, shape)  # noqa: E731
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        a = f(scale) / np.sqrt(np.asarray(var, dtype=np.float64).reshape(shape) + epsilon)
-        x = np.asarray(X).astype(np.float64)
-        terms = np.abs(x - np.asarray(mean, np.float64).reshape(shape)) * a + f(B)
-        if mean_rounded:
-            terms = terms + f(mean) * a
-        tol = 4 * eps * terms
-        if np.dtype(out_dtype).itemsize == 2:
-            exact = batch_norm(X, scale, B, mean, var, epsilon, data_format)
-            tol = tol + ulp(np.abs(exact) + tol, out_dtype)
-    return tol
+        a = np.abs(f(scale)) / np.sqrt(f(var) + epsilon)
+        residual = unit_roundoff(cd) * np.abs(f(mean)) * a if mean_rounded else 0.0
+        bound = (gamma(6, cd) * (np.abs(_f64(X) - f(mean)) * a + residual)
+                 + gamma(3, cd) * (np.abs(f(B)) + residual))
+    underflow = 4 * 2.0 ** (-150 if cd == F32 else -1075)  # half the smallest subnormal
+    return bound + underflow
+
+
+def statistics_effect(X, scale, mean, var, epsilon, data_format, stats_dtype):
+    """How far Y may move when mean and var carry the kernels' statistics error
+    (``STATISTICS_ERROR[stats_dtype]``), to first order (with a 1% margin):
+    ``|a| d_mean + |x - mean| |a| d_var / (2 (var + eps))``."""
+    e_m, e_v = STATISTICS_ERROR[np.dtype(stats_dtype)]
+    shape = channel_shape(X, data_format)
+    f = lambda v: _f64(v) if np.ndim(v) == np.ndim(X) else _f64(v, shape)  # noqa: E731
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        m, v = f(mean), f(var)
+        a = np.abs(f(scale)) / np.sqrt(v + epsilon)
+        d_mean = e_m * (np.abs(m) + np.sqrt(v))
+        d_var = e_v * v
+        return 1.01 * (a * d_mean + np.abs(_f64(X) - m) * a * d_var / (2 * (v + epsilon)))
+
+
+def tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype, mean_rounded=False,
+              statistics_of=None):
+    """Allowed |Y - oracle| per element: :func:`arithmetic_bound`, plus the effect of
+    the statistics' error when the kernel computed them from X (``statistics_of``:
+    X's dtype), plus half an ulp of a 16-bit output (correct rounding)."""
+    bound = arithmetic_bound(X, scale, B, mean, var, epsilon, data_format, out_dtype,
+                             mean_rounded)
+    if statistics_of is not None:
+        bound = bound + statistics_effect(X, scale, mean, var, epsilon, data_format,
+                                          statistics_of)
+    if np.dtype(out_dtype).itemsize == 2:
+        exact = batch_norm(X, scale, B, mean, var, epsilon, data_format)
+        bound = bound + 0.5 * ulp(np.abs(exact) + bound, out_dtype)
+    return bound
+
+
+def assert_close(got, exact, tol, what="Y"):
+    """``got`` within ``tol`` of the float64 ``exact`` where that is finite; NaN
+    exactly where it is NaN and the same infinities where it is infinite. Returns the
+    largest error / tolerance ratio."""
+    got = np.asarray(got).astype(np.float64)
+    exact = np.broadcast_to(exact, got.shape)
+    tol = np.broadcast_to(tol, got.shape)
+    nan = np.isnan(exact)
+    assert np.array_equal(np.isnan(got), nan), f"{what}: NaN where the oracle has none " \
+        "(or the reverse)"
+    inf = np.isinf(exact)
+    assert np.array_equal(got[inf], exact[inf]), f"{what}: infinities differ"
+    finite = ~nan & ~inf
+    if not finite.any():
+        return 0.0
+    err = np.abs(got[finite] - exact[finite])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(err == 0, 0.0, err / tol[finite])
+    worst = int(np.argmax(ratio))
+    assert ratio[worst] <= 1.0, (
+        f"{what}: error {err[worst]:.3g} at a value {exact[finite][worst]:.6g} is "
+        f"{ratio[worst]:.3g}x the tolerance {tol[finite][worst]:.3g}")
+    return float(ratio[worst])
+
+
+def statistics_tolerance(mean, var, x_dtype):
+    """Allowed errors of the kernels' mean and population variance of X (``mean``,
+    ``var``: the exact values, float64)."""
+    e_m, e_v = STATISTICS_ERROR[np.dtype(x_dtype)]
+    with np.errstate(invalid="ignore"):
+        return (e_m * (np.abs(mean) + np.sqrt(np.maximum(var, 0))) + 1e-300,
+                e_v * np.abs(var) + 1e-300)
+
+
+def rounded_statistic_tolerance(exact, dtype, propagated):
+    """A statistic computed in float64 with an error of at most ``propagated`` (plus a
+    few float64 roundings) and rounded once to ``dtype``."""
+    bound = propagated + 4 * unit_roundoff(F64) * np.abs(exact)
+    return bound + 0.5 * ulp(np.abs(exact) + bound, dtype)
 
 
 def batch_statistics(X, data_format="NCX"):
     """Per-channel batch mean and population variance in float64, from a channel-major
     copy (NumPy sums pairwise only along the contiguous axis; summing over outer axes
     is sequential and was measured 1e-12 off on mean 1e4 / std 1 data)."""
-    x = np.asarray(X).astype(np.float64)
+    x = _f64(X)
     if x.ndim == 1:
         x = x.reshape(-1, 1)
     axis = 1 if data_format == "NCX" else x.ndim - 1
@@ -96,9 +203,8 @@ def batch_norm_training(X, scale, B, input_mean, input_var, epsilon, momentum,
     statistics, running statistics ``input * momentum + batch * (1 - momentum)``."""
     mean, var = batch_statistics(X, data_format)
     Y = batch_norm(X, scale, B, mean, var, epsilon, data_format)
-    f = lambda v: np.asarray(v, dtype=np.float64)  # noqa: E731
-    running_mean = f(input_mean) * momentum + mean * (1 - momentum)
-    running_var = f(input_var) * momentum + var * (1 - momentum)
+    running_mean = _f64(input_mean) * momentum + mean * (1 - momentum)
+    running_var = _f64(input_var) * momentum + var * (1 - momentum)
     return Y, running_mean, running_var, mean, var
 
 
@@ -106,7 +212,7 @@ def instance_statistics(X, data_format="NCX"):
     """Mean and population variance of every (n, c) over the spatial axes, float64,
     shaped to broadcast against X (keepdims). Corrected two-pass from a contiguous
     per-(n, c) copy, as :func:`batch_statistics`."""
-    x = np.asarray(X).astype(np.float64)
+    x = _f64(X)
     if data_format == "NXC":
         x = np.moveaxis(x, -1, 1)
     N, C = x.shape[:2]
@@ -126,30 +232,41 @@ def instance_norm(X, scale, B, epsilon, data_format="NCX"):
     """ONNX InstanceNormalization in float64:
     ``y = scale * (x - mean) / sqrt(var + epsilon) + B`` per (n, c)."""
     mean, var = instance_statistics(X, data_format)
-    shape = channel_shape(X, data_format)
-    f = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
-    x = np.asarray(X).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        return f(scale) * (x - mean) / np.sqrt(var + epsilon) + f(B), mean, var
+    return batch_norm(X, scale, B, mean, var, epsilon, data_format), mean, var
 
 
 def instance_tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype):
-    """Allowed |Y - oracle| for instance normalization: the rounding model of
-    :func:`tolerance` with per-(n, c) statistics (``mean``, ``var`` broadcastable, as
-    :func:`instance_statistics` gives them). The mean is rounded to the compute dtype
-    and the residual folded into b, so b grows by up to ulp(mean) * a; plus 16 float64
-    ulp for the float64 accumulation of the statistics."""
-    compute = np.float64 if np.dtype(out_dtype) == np.float64 else np.float32
-    eps = np.finfo(compute).eps
-    shape = channel_shape(X, data_format)
-    f = lambda v: np.abs(np.asarray(v, dtype=np.float64).reshape(shape))  # noqa: E731
-    x = np.asarray(X).astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        a = f(scale) / np.sqrt(var + epsilon)
-        terms = (np.abs(x - mean) + ulp(mean, compute)) * a + f(B)
-        tol = 4 * eps * terms + 16 * np.finfo(np.float64).eps * (terms + np.abs(mean) * a)
-        if np.dtype(out_dtype).itemsize == 2:
-            signed = lambda v: np.asarray(v, dtype=np.float64).reshape(shape)  # noqa: E731
-            exact = signed(scale) * (x - mean) / np.sqrt(var + epsilon) + signed(B)
-            tol = tol + ulp(np.abs(exact) + tol, out_dtype)
-    return tol
+    """Allowed |Y - oracle| for instance normalization: :func:`tolerance` with the
+    per-(n, c) statistics (broadcastable, as :func:`instance_statistics` gives them)
+    computed by the kernel from X."""
+    return tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype,
+                     mean_rounded=compute_dtype(out_dtype) != F64, statistics_of=X.dtype)
+
+
+def training_tolerance(X, scale, B, mean, var, epsilon, data_format):
+    """Allowed |Y - oracle| for training-mode BatchNormalization (batch statistics
+    ``mean``, ``var`` per channel, computed by the kernel from X)."""
+    return tolerance(X, scale, B, mean, var, epsilon, data_format, X.dtype,
+                     mean_rounded=compute_dtype(X.dtype) != F64, statistics_of=X.dtype)
+
+
+def round_to_nearest_even(values, dtype):
+    """``values`` (float64, each exactly representable in float32) rounded to the
+    16-bit ``dtype``, ties to even, as bit patterns of that dtype (uint16). Written
+    on the bits, apart from NumPy's and ml_dtypes' conversions."""
+    f = np.asarray(values, np.float64).astype(np.float32)
+    assert np.array_equal(f.astype(np.float64), np.asarray(values, np.float64)), \
+        "values must be float32 numbers"
+    bits = f.view(np.uint32).astype(np.uint64)
+    if np.dtype(dtype) == BFLOAT16:
+        keep = 16
+        lsb = (bits >> keep) & 1
+        return ((bits + 0x7FFF + lsb) >> keep).astype(np.uint16)
+    # float16, normal results only (the tie tests stay in [2**-14, 65504])
+    sign = (bits >> 31) << 15
+    exponent = ((bits >> 23) & 0xFF).astype(np.int64) - 127 + 15
+    assert np.all((exponent >= 1) & (exponent <= 30)), "float16 normal range only"
+    mantissa = bits & 0x7FFFFF
+    lsb = (mantissa >> 13) & 1
+    rounded = (exponent.astype(np.uint64) << 10) + ((mantissa + 0xFFF + lsb) >> 13)
+    return (sign | rounded).astype(np.uint16)

@@ -23,6 +23,29 @@ from normkernels.kernels.storage import compute_dtype, storage_view
 
 PATHS = ("serial", "parallel", "streaming")
 
+# Every way a call can run, by name. Each decision below reports the route it takes
+# to ``_trace`` when a test has set one: tests/test_paths.py runs a case per route
+# against the float64 oracle and fails on a route (or a kernel launched here) that
+# has no case, so a path added later cannot go untested.
+ROUTES = (
+    "scale_shift/planes/serial", "scale_shift/planes/parallel",
+    "scale_shift/planes/streaming", "scale_shift/short-planes/serial",
+    "scale_shift/short-planes/parallel", "scale_shift/periodic/serial",
+    "scale_shift/periodic/parallel", "scale_shift/periodic/streaming",
+    "moments/planes", "moments/rows",
+    "instance_planes/fused/serial", "instance_planes/fused/parallel",
+    "instance_planes/fused/streaming", "instance_planes/fused-short/serial",
+    "instance_planes/fused-short/parallel", "instance_planes/split",
+    "instance_rows/per-sample", "instance_rows/one-launch",
+    "one-thread",  # a forked child: serial kernels and one-thread twins
+)
+_trace = None
+
+
+def _took(route):
+    if _trace is not None:
+        _trace(route)
+
 # --- where parallel launches are allowed, and serialised ---
 # Numba terminates a child forked from a process that used its GNU OpenMP layer on the
 # child's first parallel call ("fork() called from a process already using GNU
@@ -65,7 +88,10 @@ def _launch_guard():
 
 
 def _pick(parallel, serial):
-    return parallel if parallel_allowed() else serial
+    if parallel_allowed():
+        return parallel
+    _took("one-thread")
+    return serial
 
 # A parallel launch costs about 4 us here and a serial call about 0.5 us: below this
 # many elements one thread wins. Measured (f32, in cache, serial / parallel us):
@@ -150,6 +176,7 @@ def _checked_path(ys, path):
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if not parallel_allowed():
+        _took("one-thread")
         return "serial"
     if path is None:
         return choose_path(ys)
@@ -184,13 +211,18 @@ def scale_shift(x, y, C, S, mean, a, b, path=None):
 
 def _scale_shift(xs, ys, C, S, mean, a, b, path):
     if use_planes(C, S, mean.itemsize):
+        loop = "planes" if S >= loops.MIN_PLANE else "short-planes"
         if path == "serial":
+            _took(f"scale_shift/{loop}/serial")
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
         elif path == "streaming" and S >= loops.MIN_PLANE:
+            _took("scale_shift/planes/streaming")
             loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b, block_size(xs.size))
         else:
+            _took(f"scale_shift/{loop}/parallel")
             loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, block_size(xs.size))
         return
+    _took(f"scale_shift/periodic/{path}")
     period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
     if path == "serial":
         loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
@@ -228,8 +260,10 @@ def moments(x, C, S):
         S = xs.size  # one channel: the whole tensor is one plane
     n_rows = xs.size // (C * S)
     if S >= MOMENTS_MIN_PLANE and (S >= MOMENTS_SHORT_PLANE or n_rows < MOMENTS_MIN_ROWS):
+        _took("moments/planes")
         _plane_moments(xs, C, S, count, mean, m2)
         return count, mean, m2
+    _took("moments/rows")
     period = C * S
     width = period * -(-MIN_ROW_COLUMNS // period)
     wide_rows = xs.size // width
@@ -297,16 +331,21 @@ def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
     split = S >= loops.MIN_PLANE and path != "serial" and (
         S < FUSED_MIN_PLANE or S * xs.itemsize > FUSED_MAX_PLANE_BYTES
         or n_planes < 2 * numba.get_num_threads())
+    fused = "fused" if S >= loops.MIN_PLANE else "fused-short"
     if split:
+        _took("instance_planes/split")
         _plane_moments(xs, n_planes, S, np.zeros(n_planes, np.int64), mean, m2)
         instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
         scale_shift(x, y, n_planes, S, m, a, b, path)
     elif path == "serial":
+        _took(f"instance_planes/{fused}/serial")
         instance.fused_planes_serial(xs, ys, *args)
     elif path == "streaming" and S >= loops.MIN_PLANE:
+        _took("instance_planes/fused/streaming")
         with _launch_guard():
             instance.fused_planes_streaming(xs, ys, *args)
     else:
+        _took(f"instance_planes/{fused}/parallel")
         with _launch_guard():
             instance.fused_planes_parallel(xs, ys, *args)
     return mean, m2
@@ -349,11 +388,13 @@ def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
     instance.fold_planes(C, R, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
                          m, a, b)
     if R * C >= SAMPLE_CALL_MIN_ELEMENTS:
+        _took("instance_rows/per-sample")
         x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
         for n in range(N):
             cs = slice(n * C, (n + 1) * C)
             scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
     else:
+        _took("instance_rows/one-launch")
         with _launch_guard():
             _pick(instance.normalize_rows, instance.normalize_rows_serial)(
                 xs, ys, C, R, rows_per_block, m, a, b)

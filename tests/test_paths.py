@@ -1,0 +1,340 @@
+"""Every execution path of every operator against the float64 oracle.
+
+The dispatcher names each way a call can run (``dispatch.ROUTES``) and reports the
+routes it takes. Each case below forces one or more routes (by ``path=``, by shape, by
+a dispatch threshold, or as a forked child running one-thread twins), checks that
+the routes were really taken, and compares every output with the oracle, on data
+with different statistics per sample and channel (a mix-up of samples or channels
+is far outside the tolerance). ``test_every_route_has_a_case`` and
+``test_every_kernel_has_a_case`` fail when a route or a kernel launched by the
+dispatcher has no case, so a path added later cannot go untested.
+"""
+
+import ast
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+from arrays import FLOAT_IDS, FLOATS, assert_identical, to_layout
+from numba.core.dispatcher import Dispatcher
+from oracle import (
+    assert_close,
+    batch_norm,
+    batch_statistics,
+    instance_norm,
+    instance_tolerance,
+    rounded_statistic_tolerance,
+    statistics_tolerance,
+    tolerance,
+    training_tolerance,
+)
+
+from normkernels import reference
+from normkernels.kernels import dispatch
+from normkernels.kernels import instance as instance_kernels
+from normkernels.kernels import moments as moments_kernels
+from normkernels.kernels import scale_shift as scale_shift_kernels
+from normkernels.ops import batch_norm_inference as bni_spec
+from normkernels.ops import batch_normalization as bn_spec
+from normkernels.ops import instance_normalization as in_spec
+from normkernels.ops import moments as moments_spec
+
+F16, BF16, F32, F64 = FLOATS
+EPS = 1e-3
+KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": moments_kernels,
+                  "instance": instance_kernels}
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str  # bn | onednn | training | instance | moments
+    ncx_shape: tuple
+    data_format: str
+    routes: frozenset  # routes the case must take
+    path: str = None
+    forked: bool = False  # run as a child forked after GNU OpenMP ran
+    patch: dict = field(default_factory=dict)  # dispatch thresholds for this case
+
+
+def case(op, shape, fmt, routes, **kw):
+    return Case(op, shape, fmt, frozenset(routes), **kw)
+
+
+NO_TABLES = {"TABLES_MAX_BYTES": 0}  # short planes take the planes loop
+PER_SAMPLE = {"SAMPLE_CALL_MIN_ELEMENTS": 1}
+
+CASES = {
+    # BatchNormalization inference: the normalize loops
+    **{f"bn-planes-{p}": case("bn", (2, 3, 9, 11), "NCX", [f"scale_shift/planes/{p}"], path=p)
+       for p in dispatch.PATHS},
+    **{f"bn-periodic-{p}": case("bn", (2, 3, 9, 11), "NXC", [f"scale_shift/periodic/{p}"],
+                                path=p) for p in dispatch.PATHS},
+    "bn-periodic-short-ncx-planes": case("bn", (3, 5, 3, 3), "NCX",
+                                         ["scale_shift/periodic/parallel"], path="parallel"),
+    "bn-short-planes-serial": case("bn", (3, 5, 3, 3), "NCX",
+                                   ["scale_shift/short-planes/serial"], path="serial",
+                                   patch=NO_TABLES),
+    "bn-short-planes-parallel": case("bn", (3, 5, 3, 3), "NCX",
+                                     ["scale_shift/short-planes/parallel"], path="streaming",
+                                     patch=NO_TABLES),
+    "bn-1d": case("bn", (1001,), "NCX", ["scale_shift/periodic/parallel"], path="parallel"),
+    "bn-planes-forked": case("bn", (2, 3, 9, 11), "NCX",
+                             ["one-thread", "scale_shift/planes/serial"], path="streaming",
+                             forked=True),
+    "bn-periodic-forked": case("bn", (2, 3, 9, 11), "NXC",
+                               ["one-thread", "scale_shift/periodic/serial"], forked=True),
+    "onednn-periodic-streaming": case("onednn", (2, 3, 9, 11), "NXC",
+                                      ["scale_shift/periodic/streaming"], path="streaming"),
+    "onednn-planes-parallel": case("onednn", (2, 3, 9, 11), "NCX",
+                                   ["scale_shift/planes/parallel"], path="parallel"),
+    # training: batch statistics by planes (long planes) or rows (NXC, short planes)
+    "training-planes": case("training", (2, 3, 24, 24), "NCX",
+                            ["moments/planes", "scale_shift/planes/parallel"], path="parallel"),
+    "training-planes-chunks": case("training", (1, 2, 300, 300), "NCX",  # 2 chunks a plane
+                                   ["moments/planes", "scale_shift/planes/streaming"],
+                                   path="streaming"),
+    "training-rows-short-planes": case("training", (40, 3, 7, 7), "NCX",
+                                       ["moments/rows", "scale_shift/planes/serial"],
+                                       path="serial"),
+    "training-rows-nxc": case("training", (5, 3, 9, 11), "NXC",
+                              ["moments/rows", "scale_shift/periodic/streaming"],
+                              path="streaming"),
+    "training-rows-wide": case("training", (33, 7, 5, 3), "NXC",  # rows widened to 63 + rest
+                               ["moments/rows", "scale_shift/periodic/parallel"],
+                               path="parallel"),
+    "training-1d": case("training", (70001,), "NCX", ["moments/planes"]),
+    "training-planes-forked": case("training", (2, 3, 24, 24), "NCX",
+                                   ["one-thread", "moments/planes",
+                                    "scale_shift/planes/serial"], forked=True),
+    "training-rows-forked": case("training", (5, 3, 9, 11), "NXC",
+                                 ["one-thread", "moments/rows", "scale_shift/periodic/serial"],
+                                 forked=True),
+    # moments alone
+    "moments-planes": case("moments", (3, 4, 24, 24), "NCX", ["moments/planes"]),
+    "moments-rows": case("moments", (3, 24, 24, 4), "NXC", ["moments/rows"]),
+    "moments-rows-forked": case("moments", (40, 3, 7, 7), "NCX", ["one-thread", "moments/rows"],
+                                forked=True),
+    # instance normalization, NCX: fused per plane, or split (planes too small, too
+    # large or too few), and NXC: one launch or a call per sample
+    **{f"instance-fused-{p}": case("instance", (4, 3, 24, 24), "NCX",
+                                   [f"instance_planes/fused/{p}"], path=p)
+       for p in dispatch.PATHS},
+    "instance-fused-short-serial": case("instance", (2, 3, 5, 5), "NCX",
+                                        ["instance_planes/fused-short/serial"], path="serial"),
+    "instance-fused-short-parallel": case("instance", (2, 3, 5, 5), "NCX",
+                                          ["instance_planes/fused-short/parallel"],
+                                          path="streaming"),
+    "instance-split-parallel": case("instance", (2, 3, 10, 10), "NCX",
+                                    ["instance_planes/split", "scale_shift/planes/parallel"],
+                                    path="parallel"),
+    "instance-split-chunks": case("instance", (1, 2, 300, 300), "NCX",
+                                  ["instance_planes/split", "scale_shift/planes/streaming"],
+                                  path="streaming"),
+    "instance-rows-one-launch": case("instance", (3, 4, 9, 11), "NXC",
+                                     ["instance_rows/one-launch"]),
+    "instance-rows-per-sample": case("instance", (3, 4, 9, 11), "NXC",
+                                     ["instance_rows/per-sample",
+                                      "scale_shift/periodic/streaming"],
+                                     path="streaming", patch=PER_SAMPLE),
+    "instance-fused-forked": case("instance", (4, 3, 24, 24), "NCX",
+                                  ["one-thread", "instance_planes/fused/serial"],
+                                  path="parallel", forked=True),
+    "instance-rows-forked": case("instance", (3, 4, 9, 11), "NXC",
+                                 ["one-thread", "instance_rows/one-launch"], forked=True),
+    "instance-rows-per-sample-forked": case("instance", (3, 4, 9, 11), "NXC",
+                                            ["one-thread", "instance_rows/per-sample",
+                                             "scale_shift/periodic/serial"],
+                                            forked=True, patch=PER_SAMPLE),
+}
+
+DTYPES = {"bn": FLOATS, "training": FLOATS, "moments": FLOATS, "instance": FLOATS,
+          "onednn": [F16, BF16, F32]}
+
+
+def data(rng, case, dtype):
+    """X whose every (n, c) has its own mean and spread, and per-channel parameters
+    (scale of both signs, B, mean, var) all different."""
+    shape = to_layout(case.ncx_shape, case.data_format)
+    N = shape[0]
+    C = 1 if len(shape) == 1 else case.ncx_shape[1]
+    offsets = rng.uniform(-3, 3, (N, C))
+    spreads = rng.uniform(0.5, 2, (N, C))
+    if len(shape) == 1:
+        X = rng.standard_normal(shape) * spreads[0, 0] + offsets[0, 0]
+    else:
+        axis = 1 if case.data_format == "NCX" else len(shape) - 1
+        bshape = [1] * len(shape)
+        bshape[0], bshape[axis] = N, C
+        X = (rng.standard_normal(shape) * spreads.reshape(bshape) + offsets.reshape(bshape))
+    scale = rng.uniform(0.5, 2, C) * rng.choice([-1, 1], C)
+    params = [scale, rng.standard_normal(C), rng.uniform(-2, 2, C), rng.uniform(0.25, 4, C)]
+    return X.astype(dtype), params
+
+
+def run(case, X, params, dtype, engine=dispatch):
+    """The case's operator through its spec layer with ``engine`` (the Numba kernels
+    by default)."""
+    kw = dict(data_format=case.data_format, engine=engine, path=case.path)
+    if case.op == "bn":
+        p = [v.astype(dtype) for v in params]
+        return bn_spec.batch_normalization(X, *p, epsilon=EPS, **kw), p
+    if case.op == "onednn":
+        p = [v.astype(BF16 if dtype == BF16 else F32) for v in params]
+        return bni_spec.batch_norm_inference(X, *p, epsilon=EPS, **kw), p
+    if case.op == "training":
+        p = [v.astype(dtype) for v in params]
+        return bn_spec.batch_normalization(X, *p, epsilon=EPS, momentum=0.75, training_mode=1,
+                                           **kw), p
+    if case.op == "instance":
+        p = [v.astype(dtype) for v in params[:2]]
+        return in_spec.instance_normalization(X, *p, epsilon=EPS, **kw), p
+    return moments_spec.partial_statistics(X, case.data_format, engine), []
+
+
+def check_with_oracle(case, X, params, result):
+    fmt = case.data_format
+    if case.op in ("bn", "onednn"):
+        assert_close(result, batch_norm(X, *params, EPS, fmt),
+                     tolerance(X, *params, EPS, fmt, X.dtype))
+    elif case.op == "training":
+        Y, running_mean, running_var = result
+        mean, var = batch_statistics(X, fmt)
+        assert_close(Y, batch_norm(X, params[0], params[1], mean, var, EPS, fmt),
+                     training_tolerance(X, params[0], params[1], mean, var, EPS, fmt))
+        d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
+        for got, given, exact, err in [(running_mean, params[2], mean, d_mean),
+                                       (running_var, params[3], var, d_var)]:
+            blend = given.astype(np.float64) * 0.75 + exact * 0.25
+            assert_close(got, blend, rounded_statistic_tolerance(blend, got.dtype, 0.25 * err),
+                         "running statistic")
+    elif case.op == "instance":
+        exact, mean, var = instance_norm(X, *params, EPS, fmt)
+        assert_close(result, exact, instance_tolerance(X, *params, mean, var, EPS, fmt, X.dtype))
+    else:
+        mean, var = batch_statistics(X, fmt)
+        d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
+        assert_close(result.mean, mean, d_mean, "mean")
+        assert_close(result.M2 / result.count, var, d_var, "variance")
+
+
+def _outputs(result):
+    if isinstance(result, tuple):
+        return result
+    return (result,)
+
+
+@pytest.fixture
+def routes_taken(monkeypatch):
+    taken = []
+    monkeypatch.setattr(dispatch, "_trace", taken.append)
+    return taken
+
+
+def arrange(monkeypatch, case):
+    for name, value in case.patch.items():
+        assert hasattr(dispatch, name), name
+        monkeypatch.setattr(dispatch, name, value)
+    monkeypatch.setattr(dispatch, "_forked_from_openmp", case.forked)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
+    for name, c in CASES.items() for dtype in DTYPES[c.op]])
+def test_route_matches_oracle(rng, monkeypatch, routes_taken, name, dtype):
+    case = CASES[name]
+    X, params = data(rng, case, dtype)
+    before = X.copy()
+    arrange(monkeypatch, case)
+    result, params = run(case, X, params, dtype)
+    assert case.routes <= set(routes_taken), f"took {sorted(set(routes_taken))}"
+    assert set(routes_taken) <= set(dispatch.ROUTES), "a route missing from dispatch.ROUTES"
+    assert_identical(X, before)
+    check_with_oracle(case, X, params, result)
+    if case.forked:  # one-thread twins give the bits of the parallel kernels
+        monkeypatch.setattr(dispatch, "_forked_from_openmp", False)
+        again, _ = run(case, X, params, dtype)
+        for got, want in zip(_outputs(result), _outputs(again), strict=True):
+            assert_identical(np.asarray(got), np.asarray(want))
+
+
+def test_every_route_has_a_case():
+    covered = set().union(*(c.routes for c in CASES.values()))
+    assert covered == set(dispatch.ROUTES), sorted(set(dispatch.ROUTES) ^ covered)
+
+
+def launched_kernels():
+    """Names of the kernels ``dispatch.py`` launches: ``loops.X``, ``reductions.X``,
+    ``instance.X`` that are Numba dispatchers."""
+    tree = ast.parse(inspect.getsource(dispatch))
+    names = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in KERNEL_MODULES):
+            if isinstance(getattr(KERNEL_MODULES[node.value.id], node.attr, None), Dispatcher):
+                names.add(f"{node.value.id}.{node.attr}")
+    return names
+
+
+def test_every_kernel_has_a_case(monkeypatch):
+    """Each kernel the dispatcher can launch is launched by some case."""
+    expected = launched_kernels()
+    assert len(expected) > 15
+    launched = set()
+    for name in expected:  # none of them is called from compiled code
+        alias, attr = name.split(".")
+        kernel = getattr(KERNEL_MODULES[alias], attr)
+
+        def recording(*args, _kernel=kernel, _name=name):
+            launched.add(_name)
+            return _kernel(*args)
+
+        monkeypatch.setattr(KERNEL_MODULES[alias], attr, recording)
+    rng = np.random.default_rng(0)
+    for case in CASES.values():
+        with monkeypatch.context() as m:
+            arrange(m, case)
+            X, params = data(rng, case, F32)
+            run(case, X, params, F32)
+    assert expected <= launched, sorted(expected - launched)
+
+
+class KernelStatisticsTwin:
+    """The NumPy twin given the kernels' statistics: everything after them (folding,
+    the normalize pass, the rounding of 16-bit outputs) must be bit-identical to the
+    kernels on every route (see ``normkernels/reference.py``)."""
+
+    scale_shift = staticmethod(reference.scale_shift)
+    moments = staticmethod(dispatch.moments)
+
+    @staticmethod
+    def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
+        mean, m2 = dispatch.instance_planes(x, np.empty_like(y), C, S, scale, B, epsilon, path)
+        reference.normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2)
+        return mean, m2
+
+    @staticmethod
+    def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
+        mean, m2 = dispatch.instance_rows(x, np.empty_like(y), N, C, scale, B, epsilon, path)
+        reference.normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2)
+        return mean, m2
+
+
+@pytest.mark.parametrize("name,dtype", [
+    pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
+    for name, c in CASES.items() for dtype in DTYPES[c.op]])
+def test_route_matches_twin(rng, monkeypatch, name, dtype):
+    """Inference: the twin's bits. Training and instance normalization: the twin's bits
+    given the kernels' statistics. Moments: the twin's own statistics are within the
+    stated accuracy too."""
+    case = CASES[name]
+    X, params = data(rng, case, dtype)
+    arrange(monkeypatch, case)
+    result, params = run(case, X, params, dtype)
+    if case.op == "moments":
+        check_with_oracle(case, X, params, run(case, X, params, dtype, reference)[0])
+        return
+    twin = reference if case.op in ("bn", "onednn") else KernelStatisticsTwin
+    expected, _ = run(case, X, params, dtype, twin)
+    for got, want in zip(_outputs(result), _outputs(expected), strict=True):
+        assert_identical(np.asarray(got), np.asarray(want))
