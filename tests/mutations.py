@@ -1,0 +1,277 @@
+"""Planted bugs, each of which the test suite must catch.
+
+    python tests/mutations.py            # every mutation (slow: 20-40 min)
+    python tests/mutations.py --list     # the mutations and the tests each runs
+    python tests/mutations.py NAME ...   # some of them (names or prefixes)
+
+Each mutation is a set of exact text replacements in the package. The script copies
+the working tree to a temporary directory, runs the mutation's tests on the
+unmutated copy first (they must pass), then for each mutation applies it, runs the
+same tests (``pytest -x``) and reports the first test that fails. A mutation whose
+tests still pass *survived*: the suite has a hole. A replacement whose text is not
+found fails the run, so the list is kept in step with the code: after changing a
+kernel, a dispatch path or a test, run this and mend the list (a new path gets its
+planted bug too). Not run in CI (it recompiles the kernels for every mutation of a
+kernel source).
+"""
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# the tests that speak for each operator family
+BN = ["tests/test_batch_normalization.py", "tests/test_paths.py", "tests/test_rounding.py",
+      "-k", "not onednn and not training and not instance and not moments"]
+ONEDNN = ["tests/test_batch_normalization.py", "tests/test_paths.py", "tests/test_rounding.py",
+          "-k", "onednn"]
+TRAINING = ["tests/test_training.py", "tests/test_paths.py", "tests/test_rounding.py",
+            "-k", "training and not moments"]
+INSTANCE = ["tests/test_instance_normalization.py", "tests/test_paths.py",
+            "tests/test_rounding.py", "-k", "instance"]
+MOMENTS = ["tests/test_training.py", "tests/test_paths.py", "-k", "moments"]
+FAMILIES = {"bn": BN, "onednn": ONEDNN, "training": TRAINING, "instance": INSTANCE}
+SIXTEEN_BIT_OUTPUT = ("bn", "onednn", "training", "instance")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    edits: tuple  # (path, old, new): ``old`` must occur exactly once
+    tests: tuple  # pytest arguments
+
+
+def mutation(name, what, edits, tests):
+    return Mutation(name, what, tuple(edits), tuple(tests))
+
+
+ELEMENTS = "normkernels/kernels/elements.py"
+VECTORS = "normkernels/kernels/vectors.py"
+MOMENTS_K = "normkernels/kernels/moments.py"
+INSTANCE_K = "normkernels/kernels/instance.py"
+SCALE_SHIFT = "normkernels/kernels/scale_shift.py"
+DISPATCH = "normkernels/kernels/dispatch.py"
+FOLD = "normkernels/kernels/fold.py"
+COMMON = "normkernels/ops/common.py"
+BN_SPEC = "normkernels/ops/batch_normalization.py"
+CACHE = "normkernels/kernels/cache.py"
+
+# bfloat16 narrowing: scalar bits path without the rounding bias, and the vector
+# bodies sent to that path instead of fptrunc
+BF16_TRUNCATE = [
+    (ELEMENTS, "bias = builder.add(lsb, _splat(0x7FFF, bits.type))",
+     "bias = builder.and_(lsb, _splat(0, bits.type))"),
+    (VECTORS, "return 32, _I16, widen_bf16, _narrow_bf16_vector",
+     "return 32, _I16, widen_bf16, narrow_bf16"),
+]
+# float16 narrowing: fptrunc, then one step toward zero where it rounded away
+F16_TRUNCATE = [
+    (ELEMENTS, "    return builder.bitcast(builder.fptrunc(value, _vec(ir.HalfType(), count)), "
+     "_vec(_I16, count))\n", '''    half = builder.fptrunc(value, _vec(ir.HalfType(), count))
+    bits = builder.bitcast(half, _vec(_I16, count))
+    back = builder.fpext(half, _vec(_F32, count))
+    zero = _splat(0.0, back.type)
+    up = builder.and_(builder.fcmp_ordered(">=", value, zero),
+                      builder.fcmp_ordered(">", back, value))
+    down = builder.and_(builder.fcmp_ordered("<", value, zero),
+                        builder.fcmp_ordered("<", back, value))
+    away = builder.or_(up, down)
+    return builder.select(away, builder.sub(bits, _splat(1, bits.type)), bits)
+'''),
+]
+
+MUTATIONS = [
+    *[mutation(f"bf16-truncates/{family}", "bfloat16 narrowing truncates instead of rounding "
+               "to nearest even", BF16_TRUNCATE, FAMILIES[family])
+      for family in SIXTEEN_BIT_OUTPUT],
+    *[mutation(f"f16-truncates/{family}", "float16 narrowing truncates", F16_TRUNCATE,
+               FAMILIES[family]) for family in SIXTEEN_BIT_OUTPUT],
+    mutation("bf16-round-half-up", "bfloat16 ties rounded away from zero, not to even", [
+        (ELEMENTS, "bias = builder.add(lsb, _splat(0x7FFF, bits.type))",
+         "bias = builder.or_(lsb, _splat(0x8000, bits.type))"),
+        BF16_TRUNCATE[1]], ["tests/test_rounding.py"]),
+    mutation("bf16-subnormals-flushed", "bfloat16 vectors never leave fptrunc (float32 "
+             "subnormals flushed to zero)", [
+                 (VECTORS, "    return result\n\n\ndef _storage_codec",
+                  "    return fast\n\n\ndef _storage_codec")],
+             ["tests/test_kernels.py", "-k", "subnormal"]),
+    mutation("per-sample-parameters-mixed", "NXC instance norm, one call per sample: every "
+             "sample normalized with sample 0's parameters", [
+                 (DISPATCH, "cs = slice(n * C, (n + 1) * C)", "cs = slice(0, C)")], INSTANCE),
+    mutation("rows-sample-parameters-mixed", "NXC instance norm, one launch: every sample "
+             "with sample 0's parameters", [
+                 (INSTANCE_K, "        mn = m[n * C:(n + 1) * C]\n", "        mn = m[0:C]\n")],
+             INSTANCE),
+    mutation("fused-plane-channel", "fused instance norm takes plane p's scale/B from "
+             "channel p // N instead of p % C", [
+                 (INSTANCE_K, "    c = p % C\n    fold_one(",
+                  "    c = p // (mean.size // C)\n    fold_one(")], INSTANCE),
+    mutation("epsilon-dropped/fold", "epsilon left out of a = scale / sqrt(var + eps)", [
+        (FOLD, "math.sqrt(np.float64(load(var, c)) + epsilon)",
+         "math.sqrt(np.float64(load(var, c)))")], BN),
+    mutation("epsilon-dropped/instance", "instance norm's per-plane fold leaves out epsilon", [
+        (FOLD, "a64 = scale / math.sqrt(var + epsilon)", "a64 = scale / math.sqrt(var)")],
+             INSTANCE),
+    mutation("nxc-stride-swapped", "contiguous X: the run length S taken for NXC instead "
+             "of NCX", [
+                 (COMMON, 'if data_format == "NCX" and X.ndim > 2 else 1',
+                  'if data_format == "NXC" and X.ndim > 2 else 1')], BN),
+    mutation("channels-last-memory-order", "a channels-last-in-memory NCX tensor read "
+             "with the channels-first order", [
+                 (COMMON, "def _channels_last_order(ndim):\n    return (0, *range(2, ndim), 1)",
+                  "def _channels_last_order(ndim):\n    return (0, *range(1, ndim))")], BN),
+    mutation("mean-residual-not-folded", "a float64 mean rounded to float32 without "
+             "folding the residual into B", [
+                 (COMMON, "if mean.dtype.itemsize <= cd.itemsize:", "if True:")], TRAINING),
+    mutation("mean-residual-not-folded/instance", "instance norm's fold drops the residual "
+             "of the rounded mean", [
+                 (FOLD, "b[i] = B - (mean - np.float64(m[i])) * a64", "b[i] = B")], INSTANCE),
+    mutation("merge-order-by-threads", "row blocks sized by the thread count, so the "
+             "statistics' merge order depends on it", [
+                 (DISPATCH, "rows_per_block = max(reductions.MIN_ROWS_PER_BLOCK, "
+                  "reductions.ROW_BLOCK_ELEMENTS // tile)",
+                  "rows_per_block = max(reductions.MIN_ROWS_PER_BLOCK, "
+                  "reductions.ROW_BLOCK_ELEMENTS // tile // numba.get_num_threads())")],
+             ["tests/test_training.py", "-k", "thread_count"]),
+    mutation("merge-planes-reversed", "plane chunks merged last to first on the split "
+             "path (the fused path merges them in order)", [
+                 (MOMENTS_K, "            for k in range(chunks):\n",
+                  "            for k in range(chunks - 1, -1, -1):\n")],
+             ["tests/test_instance_normalization.py", "-k", "bitwise"]),
+    mutation("two-pass-fallback-off", "the one-pass shifted sums never fall back to two "
+             "passes when they cancel", [
+                 (MOMENTS_K, "    if correction <= s2 * CANCELLATION_LIMIT:\n"
+                  "        return shift + s1 / x.size, s2 - correction\n",
+                  "    if True:\n        return shift + s1 / x.size, s2 - correction\n")],
+             ["tests/test_training.py", "-k", "outlier"]),
+    mutation("split-vector-lane", "a vector straddling two planes gives one lane too many "
+             "to the first", [
+                 (VECTORS, 'builder.icmp_signed("<", lane,', 'builder.icmp_signed("<=", lane,')],
+             BN),
+    mutation("periodic-phase-wrap", "the periodic loop wraps its table phase one late", [
+        (SCALE_SHIFT, "        phase += width\n        if phase >= P:",
+         "        phase += width\n        if phase > P:")], BN),
+    mutation("momentum-swapped", "running statistics weigh the batch by momentum "
+             "(PyTorch's convention)", [
+                 (BN_SPEC, "* momentum\n                        + batch_mean * (1.0 - momentum))",
+                  "* (1.0 - momentum)\n                        + batch_mean * momentum)")],
+             TRAINING),
+    mutation("out-not-written", "a strided out= is never written back", [
+        (COMMON, "        np.copyto(out, y)\n        return out", "        return out")], BN),
+    mutation("fork-guard-off", "a child forked after GNU OpenMP ran launches parallel "
+             "kernels", [
+                 (DISPATCH, "    return not _forked_from_openmp", "    return True")],
+             ["tests/test_reliability.py", "-k", "child_processes"]),
+    mutation("launch-guard-off", "parallel launches not serialised under the workqueue "
+             "layer", [
+                 (DISPATCH, 'return _LAUNCH_LOCK if _layer == "workqueue" else',
+                  "return contextlib.nullcontext() if True else")],
+             ["tests/test_reliability.py", "-k", "threading_layer and workqueue"]),
+    mutation("streaming-hint-dropped", "streaming kernels emit ordinary stores", [
+        (VECTORS, '        store.set_metadata("nontemporal", hint)\n', "")],
+             ["tests/test_kernels.py", "-k", "non_temporal"]),
+    mutation("corrupt-cache-raises", "a corrupt kernel cache file raises into the call", [
+        (CACHE, "\n_tolerate_unreadable_files()\n",
+         "\n")], ["tests/test_reliability.py", "-k", "corrupt_cache"]),
+    mutation("error-names-nothing", "a wrong parameter length is reported without naming "
+             "the parameter", [
+                 (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',
+                  'raise ValueError(f"{op}: parameter must have shape ({C},) to match')],
+             ["tests/test_hostile.py"]),
+]
+
+
+def tracked_files():
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [p for p in out.splitlines() if (ROOT / p).is_file()]
+
+
+def kernel_stamp(tree):
+    digest = hashlib.sha256()
+    for path in sorted((tree / "normkernels" / "kernels").glob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def run_tests(tree, tests, cache_root, timeout):
+    """(exit code, first failing test or None, seconds)."""
+    env = {**os.environ, "PYTHONPATH": str(tree),
+           "NUMBA_CACHE_DIR": str(cache_root / kernel_stamp(tree))}
+    start = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rf",
+                               "-p", "no:cacheprovider", *tests], cwd=tree, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "(timed out)", time.monotonic() - start
+    failed = re.findall(r"^FAILED (\S+)", done.stdout, re.MULTILINE)
+    return done.returncode, (failed[0] if failed else done.stdout[-300:]), \
+        time.monotonic() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutations to run (names or prefixes)")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--timeout", type=float, default=1200)
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS
+              if not args.names or any(m.name.startswith(n) for n in args.names)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:36} {m.what}\n{'':36} tests: {' '.join(m.tests)}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="normkernels-mutations-"))
+    tree, cache_root = work / "tree", work / "numba-cache"
+    originals = {}
+    for rel in tracked_files():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, tree / rel)
+    for m in chosen:  # every replacement must still apply
+        for path, old, _new in m.edits:
+            text = originals.setdefault(path, (tree / path).read_text())
+            if text.count(old) != 1:
+                sys.exit(f"{m.name}: the text to replace occurs {text.count(old)} times in "
+                         f"{path} (expected once); update tests/mutations.py")
+    print(f"baseline: the mutations' tests on the unmutated tree ({tree})", flush=True)
+    suites = sorted({m.tests for m in chosen})
+    for tests in suites:
+        code, first, seconds = run_tests(tree, tests, cache_root, args.timeout)
+        if code != 0:
+            sys.exit(f"baseline fails ({' '.join(tests)}): {first}")
+        print(f"  passes in {seconds:5.0f} s: {' '.join(tests)}", flush=True)
+    survived = 0
+    print(f"\n{'mutation':36} {'result':8} {'s':>5}  first failing test")
+    for m in chosen:
+        for path, old, new in m.edits:
+            (tree / path).write_text((tree / path).read_text().replace(old, new))
+        try:
+            code, first, seconds = run_tests(tree, m.tests, cache_root, args.timeout)
+        finally:
+            for path, _old, _new in m.edits:
+                (tree / path).write_text(originals[path])
+        if code == 1 or code is None:
+            result = "caught"
+        elif code == 0:
+            result, first, survived = "SURVIVED", "-", survived + 1
+        else:  # collection error, usage error: the mutation broke more than it meant to
+            result, survived = f"ERROR {code}", survived + 1
+        print(f"{m.name:36} {result:8} {seconds:5.0f}  {first}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{len(chosen) - survived} of {len(chosen)} planted bugs caught")
+    return 1 if survived else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
