@@ -258,6 +258,34 @@ def test_route_matches_oracle(rng, monkeypatch, routes_taken, name, dtype):
             assert_identical(np.asarray(got), np.asarray(want))
 
 
+def plant_special_values(X, data_format):
+    """NaN in one (n, c), +Inf in another and -Inf in a third (NCX terms)."""
+    if X.ndim == 1:
+        X[[3, 10]] = [np.nan, np.inf]
+        return
+    ncx = np.moveaxis(X, -1, 1) if data_format == "NXC" else X  # a view
+    N, C = ncx.shape[:2]
+    ncx.reshape(N, C, -1)[N - 1, 1 % C, 0] = np.nan
+    ncx.reshape(N, C, -1)[0, 2 % C, -1] = np.inf
+    ncx.reshape(N, C, -1)[N // 2, 0, 1 % ncx[0, 0].size] = -np.inf
+
+
+@pytest.mark.parametrize("name,dtype", [
+    pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
+    for name, c in CASES.items() for dtype in DTYPES[c.op]])
+def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
+    """NaN and Inf in X give what the float64 formula gives on every route: element by
+    element for inference, the channel's (or plane's) statistics NaN or infinite
+    otherwise, and nothing leaks into other channels."""
+    case = CASES[name]
+    X, params = data(rng, case, dtype)
+    plant_special_values(X, case.data_format)
+    arrange(monkeypatch, case)
+    result, params = run(case, X, params, dtype)
+    assert case.routes <= set(routes_taken)
+    check_with_oracle(case, X, params, result)
+
+
 def test_every_route_has_a_case():
     covered = set().union(*(c.routes for c in CASES.values()))
     assert covered == set(dispatch.ROUTES), sorted(set(dispatch.ROUTES) ^ covered)

@@ -232,17 +232,22 @@ def merge_planes(part_mean, part_m2, C, S, count, mean, m2):
 
 @njit(**_INLINE)
 def _rows_two_pass(x, P, first, last, j0, mean, m2):
-    """Columns ``j0 ...`` of rows ``first..last-1`` by two passes (block in cache)."""
-    shift = x[first * P + j0:first * P + j0 + mean.size]
+    """Columns ``j0 ...`` of rows ``first..last-1`` by two passes (block in cache),
+    shifted by the first row (by 0 where that is infinite: x - inf would turn an
+    infinite mean into NaN)."""
+    shift = np.empty(mean.size)
+    for j in range(mean.size):
+        value = np.float64(load(x, first * P + j0 + j))
+        shift[j] = value if math.isfinite(value) else 0.0
     mean[:] = 0.0
     m2[:] = 0.0
     for r in range(first, last):
         row = x[r * P + j0:r * P + j0 + mean.size]
         for j in range(row.size):
-            mean[j] += _deviation(row, j, np.float64(load(shift, j)))
+            mean[j] += _deviation(row, j, shift[j])
     inv = 1.0 / (last - first)
     for j in range(mean.size):
-        mean[j] = np.float64(load(shift, j)) + mean[j] * inv
+        mean[j] = shift[j] + mean[j] * inv
     for r in range(first, last):
         row = x[r * P + j0:r * P + j0 + mean.size]
         for j in range(row.size):
@@ -304,7 +309,7 @@ def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
         cancels = False
         for j in range(width):
             correction = s1[j] * s1[j] / n
-            if correction > s2[j] * CANCELLATION_LIMIT:
+            if not correction <= s2[j] * CANCELLATION_LIMIT:  # NaN too (an infinite shift)
                 cancels = True
             mean[j] = shift[j] + s1[j] / n
             m2[j] = s2[j] - correction
