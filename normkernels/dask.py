@@ -14,10 +14,11 @@ included; results are lazy dask arrays.
   for that block with those statistics).
 
 Versus single-machine normkernels on the same data: inference is bitwise equal;
-statistics differ only in the order of float64 merges (a few float64 ulps, below
-1e-13 relative for float32/float64 X, at most 1e-6 relative for 16-bit X, whose
-per-block sums are float32 runs), and Y by what that moves (below 1e-6 relative for
-float32 Y). Opsets 14 and 15 (``training_mode``) for BatchNormalization.
+statistics differ only in the order of float64 merges: means within ``r (|mean| +
+std)``, variances within ``r var + 2**-53 |mean| std`` with r = 1e-13 for
+float32/float64 X and 1e-6 for 16-bit X (whose per-block sums are float32 runs); Y
+differs by what that moves. Opsets 14 and 15 (``training_mode``) for
+BatchNormalization.
 """
 
 import numpy as np

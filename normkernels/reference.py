@@ -16,8 +16,8 @@ What is bit-identical to the kernels:
 * Not the statistics: the twin takes float64 two-pass means and sums of squares
   (NumPy's pairwise sums), the kernels blocked one-pass shifted sums merged with
   Chan's formula (float32 runs for 16-bit X). Both are within the accuracy the
-  README states (mean within e_m (|mean| + std), variance within e_v of itself:
-  2e-15 / 1e-12 for float32 and float64 X, 1e-6 / 1e-6 for 16-bit X), which the
+  README states (mean within e_m (|mean| + std), variance within e_v var + e_o |mean|
+  std: 2e-15, 1e-12, 2**-53 for float32 and float64 X, 1e-6 for 16-bit X), which the
   tests check for each against the float64 oracle.
 """
 

@@ -158,9 +158,9 @@ MUTATIONS = [
              "to the first", [
                  (VECTORS, 'builder.icmp_signed("<", lane,', 'builder.icmp_signed("<=", lane,')],
              BN),
-    mutation("periodic-phase-wrap", "the periodic loop wraps its table phase one late", [
-        (SCALE_SHIFT, "        phase += width\n        if phase >= P:",
-         "        phase += width\n        if phase > P:")], BN),
+    mutation("periodic-block-phase", "a parallel block of the periodic loop starts its "
+             "parameter tables at phase 0 instead of its own", [
+                 (SCALE_SHIFT, "    phase = lo % P\n", "    phase = 0\n")], BN),
     mutation("momentum-swapped", "running statistics weigh the batch by momentum "
              "(PyTorch's convention)", [
                  (BN_SPEC, "* momentum\n                        + batch_mean * (1.0 - momentum))",
