@@ -154,6 +154,10 @@ MUTATIONS = [
                   "        return shift + s1 / x.size, s2 - correction\n",
                   "    if True:\n        return shift + s1 / x.size, s2 - correction\n")],
              ["tests/test_training.py", "-k", "outlier"]),
+    mutation("rows-infinite-shift", "the rows kernel keeps one-pass sums that are NaN "
+             "because the block's first row is infinite (an infinite mean turns NaN)", [
+                 (MOMENTS_K, "if not correction <= s2[j] * CANCELLATION_LIMIT:",
+                  "if correction > s2[j] * CANCELLATION_LIMIT:")], MOMENTS),
     mutation("split-vector-lane", "a vector straddling two planes gives one lane too many "
              "to the first", [
                  (VECTORS, 'builder.icmp_signed("<", lane,', 'builder.icmp_signed("<=", lane,')],
