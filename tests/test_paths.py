@@ -150,6 +150,8 @@ CASES = {
 
 DTYPES = {"bn": FLOATS, "training": FLOATS, "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32]}
+CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
+                  for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
 
 def data(rng, case, dtype):
@@ -238,9 +240,7 @@ def arrange(monkeypatch, case):
     monkeypatch.setattr(dispatch, "_forked_from_openmp", case.forked)
 
 
-@pytest.mark.parametrize("name,dtype", [
-    pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
-    for name, c in CASES.items() for dtype in DTYPES[c.op]])
+@pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
 def test_route_matches_oracle(rng, monkeypatch, routes_taken, name, dtype):
     case = CASES[name]
     X, params = data(rng, case, dtype)
@@ -270,9 +270,7 @@ def plant_special_values(X, data_format):
     ncx.reshape(N, C, -1)[N // 2, 0, 1 % ncx[0, 0].size] = -np.inf
 
 
-@pytest.mark.parametrize("name,dtype", [
-    pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
-    for name, c in CASES.items() for dtype in DTYPES[c.op]])
+@pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
 def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
     """NaN and Inf in X give what the float64 formula gives on every route: element by
     element for inference, the channel's (or plane's) statistics NaN or infinite
@@ -348,9 +346,7 @@ class KernelStatisticsTwin:
         return mean, m2
 
 
-@pytest.mark.parametrize("name,dtype", [
-    pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
-    for name, c in CASES.items() for dtype in DTYPES[c.op]])
+@pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
 def test_route_matches_twin(rng, monkeypatch, name, dtype):
     """Inference: the twin's bits. Training and instance normalization: the twin's bits
     given the kernels' statistics. Moments: the twin's own statistics are within the
