@@ -21,7 +21,9 @@ concatenation.
 """
 
 import math
+import numbers
 import re
+import warnings
 
 import ml_dtypes
 import numpy as np
@@ -146,8 +148,10 @@ def spoiled_tensor(draw, X):
                                                "float16", "bfloat16", "float64"])))
         return (X.astype(np.float32) > 0 if dtype.kind == "b" else
                 X.astype(np.float32).astype(dtype))
-    if kind == "fewer axes":
-        return X.reshape(-1) if X.ndim > 1 else X.reshape(())
+    if kind == "fewer axes":  # 1-D: 0-D (an empty X has no element to keep)
+        if X.ndim > 1:
+            return X.reshape(-1)
+        return X.reshape(-1)[:1].reshape(()) if X.size else np.zeros((), X.dtype)
     if kind == "more axes":
         return X[..., None]
     if kind == "scalar":
@@ -189,11 +193,25 @@ def native_dtype(value):
     return as_native(value).dtype if isinstance(value, np.ndarray) else np.asarray(value).dtype
 
 
-ATTRIBUTE_VALUES = st.sampled_from([None, None, None, 1e-5, 0.0, -1.0, float("nan"),
-                                    float("inf"), 1e30, "x", [1.0], True, 2])
-# the one defect of a FLOAT attribute (or not: ONNX takes any sign)
-FLOAT_DEFECTS = st.sampled_from([float("nan"), float("nan"), float("inf"), -float("inf"),
-                                 "x", [1.0], True, np.bool_(False), 0.0, -1.0, 1e30])
+ATTRIBUTE_VALUE_LIST = [None, None, None, 1e-5, 0.0, -1.0, float("nan"), float("inf"), 1e30,
+                        "x", "1e-3", b"1e-3", [1.0], True, 2, np.float32(1e-3),
+                        np.array(1e-5)]
+ATTRIBUTE_VALUES = st.sampled_from(ATTRIBUTE_VALUE_LIST)
+# the one defect of a FLOAT attribute (or not: ONNX takes any sign, and any real number
+# will do: NumPy scalars, bfloat16, ints)
+FLOAT_DEFECT_LIST = [float("nan"), float("nan"), float("inf"), -float("inf"), "x", "1e-3",
+                     b"1e-3", [1.0], np.array(1e-3), np.array([1e-3]), True, np.bool_(False),
+                     0.0, -1.0, 1e30, 10**400, np.float32(1e-3), np.float64(0.5),
+                     np.int64(2), BFLOAT16.type(0.25)]
+FLOAT_DEFECTS = st.sampled_from(FLOAT_DEFECT_LIST)
+# the one defect of an INT flag (training_mode, is_test, spatial), or not: any integer,
+# NumPy's and bools too, though training_mode and spatial only 0 or 1
+INT_DEFECTS = st.sampled_from(["x", "1", b"1", [0], [1], 1.0, 0.0, np.float64(1.0), None,
+                               2, -1, 0, 1, True, False, np.int64(1), np.uint8(0),
+                               np.bool_(True)])
+# opsets: integers >= 1 (NumPy's too) are valid
+OPSET_DEFECTS = [0, -1, "15", True, 14.0, None, [15], np.float64(15.0), np.bool_(True),
+                 np.int64(0)]
 
 
 # --- calls: inputs kept, outcome as the model says ---
@@ -259,26 +277,48 @@ ALL_FLOATS = (F16, BFLOAT16, F32, F64)
 FORMATS = ("NCX", "NXC")
 
 
+def integer(value):
+    """A Python or NumPy integer, not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def version(opset, versions):
     """The since-version serving ``opset`` (every operator here starts at 1), None when
-    ``opset`` is not an integer >= 1."""
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
+    ``opset`` is not an integer >= 1 (a Python or NumPy integer, not a bool)."""
+    if not integer(opset) or opset < 1:
         return None
     return max(v for v in versions if v <= opset)
 
 
 def float_attribute(bad, name, value, positive=False):
-    """A FLOAT attribute: a real number (not a bool), finite (and > 0 when
-    ``positive``). Its value, or None after recording the defect. (The spec layer also
-    takes numeric strings such as "1e-5"; none are drawn here.)"""
-    if value is MISSING or isinstance(value, (bool, np.bool_)) \
-            or not isinstance(value, (int, float, np.integer, np.floating)):
+    """A FLOAT attribute: a real number (a Python or NumPy one, bfloat16 too; not a
+    bool, a string, bytes, a sequence or an array), finite (and > 0 when
+    ``positive``). Its value, or None after recording the defect."""
+    real = isinstance(value, numbers.Real) or (isinstance(value, np.generic)
+                                               and value.dtype == BFLOAT16)
+    if value is MISSING or isinstance(value, (bool, np.bool_)) or not real:
         bad.add(name, TypeError)
         return None
-    if not math.isfinite(value) or (positive and value <= 0):
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64's range
+        number = math.inf
+    if not math.isfinite(number) or (positive and number <= 0):
         bad.add(name, ValueError)
         return None
-    return float(value)
+    return number
+
+
+def int_attribute(bad, name, value, choices=None):
+    """An INT attribute: an integer (Python or NumPy, bools too), one of ``choices``
+    when given. Its value, or None after recording the defect."""
+    if not isinstance(value, (int, np.integer, np.bool_)):
+        bad.add(name, TypeError)
+        return None
+    if choices is not None and int(value) not in choices:
+        bad.add(name, ValueError)
+        return None
+    return int(value)
 
 
 def same_view(a, b):
@@ -348,29 +388,40 @@ def bn_model(X, params, attrs, opset, fmt, num_outputs=None, saved_var="variance
     if x.ndim < 1 or (since == 1 and x.ndim != 4):
         bad.add("X", ValueError)
     eps = float_attribute(bad, "epsilon", given.get("epsilon", 1e-5))  # any sign
+    # checked in every mode, whether the mode uses them or not
+    momentum = float_attribute(bad, "momentum", given.get("momentum", 0.9))  # any sign
+    if not isinstance(saved_var, str) or saved_var not in ("variance", "inv_std"):
+        bad.add("saved_var", ValueError)  # at every opset
     if out is not None:
         out_model(bad, out, X, params)
     if since is None:
         return bad, None
-    # INT attributes (training_mode, is_test, spatial) count by truthiness: the spec
-    # layer does not check their type, so only integers are drawn for them directly
+    # INT attributes the version has: integers; training_mode and spatial 0 or 1,
+    # is_test any (nonzero: test mode)
+    flags = {name: int_attribute(bad, name, given.get(name, default), choices)
+             for name, default, choices in (("training_mode", 0, (0, 1)),
+                                            ("is_test", 0, None), ("spatial", 1, (0, 1)))
+             if name in BN_ATTRIBUTES[since]}
     training = None
     if since >= 14:  # the mode is training_mode; the outputs are fixed
         if num_outputs is not None:
             bad.add("num_outputs", TypeError)
-        training = bool(given.get("training_mode", 0))
+        if flags["training_mode"] is not None:
+            training = bool(flags["training_mode"])
     else:
         n = 1 if num_outputs is None else num_outputs
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 5:
+        if not integer(n) or not 1 <= n <= 5:
             bad.add("num_outputs", ValueError)
         elif since in (1, 6):  # is_test (default 0: training)
-            training = not given.get("is_test", 0)
-            if not training and n > 1:
-                bad.add("is_test", ValueError)
-                bad.add("num_outputs", ValueError)
+            if flags["is_test"] is not None:
+                training = not flags["is_test"]
+                if not training and n > 1:
+                    bad.add("is_test", ValueError)
+                    bad.add("num_outputs", ValueError)
         else:  # 7, 9: the outputs requested select the mode
             training = n > 1
-    spatial = bool(given.get("spatial", 1)) if since <= 7 else True
+    spatial = bool(flags["spatial"]) if "spatial" in flags and flags["spatial"] is not None \
+        else True  # an invalid spatial is refused before the parameters are looked at
     if x.ndim >= 1 and fmt_ok:
         C = channels(x, fmt)
         sample = x.shape[1:] if x.ndim > 1 else ()
@@ -381,13 +432,8 @@ def bn_model(X, params, attrs, opset, fmt, num_outputs=None, saved_var="variance
                   or (since in (1, 6) and shape == (C,)))
             if not ok:
                 bad.add(n, ValueError)
-    momentum = None
-    if training:
-        momentum = float_attribute(bad, "momentum", given.get("momentum", 0.9))
-        if saved_var not in ("variance", "inv_std"):
-            bad.add("saved_var", ValueError)
-        if x.size == 0:  # batch statistics of nothing
-            bad.add("X", ValueError)
+    if training and x.size == 0:  # batch statistics of nothing
+        bad.add("X", ValueError)
     if training is None:
         return bad, None
     return bad, {"since": since, "training": training, "eps": eps, "momentum": momentum,
@@ -657,14 +703,27 @@ def check_batch_norm_inference(X, params, eps, fmt):
 
 # every defect of an attribute, opset or data_format, each operator (the fuzzers below
 # draw these too, but not each one surely)
-ATTRIBUTE_DEFECTS = [float("nan"), float("inf"), -float("inf"), "x", [1.0], True,
-                     np.bool_(False), None, 0.0, -1.0, 1e30, 2]
+# (and values that are not defects but were once refused or mishandled)
+ATTRIBUTE_DEFECTS = [float("nan"), float("inf"), -float("inf"), "x", "1e-3", b"1e-3", [1.0],
+                     np.array(1e-3), True, np.bool_(False), None, 0.0, -1.0, 1e30, 10**400, 2,
+                     np.float32(1e-3), np.int64(2), BFLOAT16.type(0.25)]
+# the INT flags, each where its version has it (opset 15: training_mode; 6: is_test;
+# 7: spatial); is_test=1 and 2 are test mode, so one output
+FLAG_DEFECTS = ["x", "1", [0], 1.0, np.float64(0.0), None, 2, -1, True, np.int64(1),
+                np.bool_(False)]
 DEFECT_CASES = (
     [("bn", {"epsilon": v}) for v in ATTRIBUTE_DEFECTS]
-    + [("bn", {"momentum": v, "training_mode": 1}) for v in ATTRIBUTE_DEFECTS]
+    + [("bn", {"momentum": v, "training_mode": mode}) for v in ATTRIBUTE_DEFECTS
+       for mode in (0, 1)]
+    + [("bn", {"momentum": v, "opset": 9, "num_outputs": 1}) for v in ("x", "0.9", float("nan"))]
+    + [("bn", {"training_mode": v}) for v in FLAG_DEFECTS]
+    + [("bn", {"opset": 6, "is_test": v}) for v in FLAG_DEFECTS]
+    + [("bn", {"opset": 7, "spatial": v, "num_outputs": 3}) for v in FLAG_DEFECTS]
     + [("in", {"epsilon": v}) for v in ATTRIBUTE_DEFECTS]
     + [("bni", {"epsilon": v}) for v in [*ATTRIBUTE_DEFECTS, MISSING, -1e-5]]
-    + [(op, {"opset": v}) for op in ("bn", "in") for v in [0, -1, "15", True, 14.0, None]]
+    + [(op, {"opset": v}) for op in ("bn", "in") for v in OPSET_DEFECTS]
+    + [("bn", {"opset": v}) for v in (np.int64(15), np.int32(14), np.uint8(9), np.int16(6))]
+    + [("in", {"opset": v}) for v in (np.int64(22), np.uint8(6), np.int64(1))]
     + [(op, {"data_format": v}) for op in ("bn", "in", "bni") for v in ["nchw", "NCHW", None]]
     + [("bn", {"opset": 15, "is_test": 1}), ("bn", {"opset": 9, "training_mode": 0}),
        ("bn", {"opset": 9, "spatial": 1}), ("bn", {"opset": 14, "spatial": 0}),
@@ -672,13 +731,19 @@ DEFECT_CASES = (
        ("bn", {"opset": 15, "num_outputs": 1}), ("bn", {"opset": 9, "num_outputs": 6}),
        ("bn", {"opset": 6, "is_test": 1, "num_outputs": 3}),
        ("bn", {"training_mode": 1, "saved_var": "std"}),
+       # saved_var is checked at every opset and in every mode
+       ("bn", {"saved_var": "std"}), ("bn", {"opset": 14, "saved_var": None}),
+       ("bn", {"opset": 9, "saved_var": b"variance"}),
+       ("bn", {"opset": 6, "is_test": 1, "saved_var": ["inv_std"]}),
+       ("bn", {"opset": 9, "num_outputs": 5, "saved_var": "inv_std"}),
+       ("bn", {"opset": 9, "num_outputs": np.int64(3)}),
        ("in", {"opset": 22, "consumed_inputs": [0]}), ("in", {"opset": 1, "consumed_inputs": [0]})]
 )
 
 
 def defect_id(case):
     op, given = case
-    return "-".join([op, *(f"{k}={'missing' if v is MISSING else v!r}"
+    return "-".join([op, *(f"{k}={'missing' if v is MISSING else repr(v)[:40]}"
                            for k, v in given.items())])
 
 
@@ -707,28 +772,35 @@ def test_each_attribute_defect(op, given):
 # --- the operators ---
 
 BN_OPSETS = [1, 6, 7, 9, 14, 15, 15, 22]
+# how an opset comes: mostly a Python int, sometimes a NumPy integer
+OPSET_TYPES = st.sampled_from([int, int, int, np.int64, np.int32, np.uint8])
 
 
 @st.composite
 def plausible_batch_normalization(draw):
     """Arguments that fit the drawn opset's record, mostly: the model still judges."""
-    opset = draw(st.sampled_from(BN_OPSETS))
+    opset = draw(OPSET_TYPES)(draw(st.sampled_from(BN_OPSETS)))
     since = version(opset, BN_ATTRIBUTES)
     X = draw(tensors(FLOATS if since >= 14 else [d for d in FLOATS if d != "bfloat16"],
                      min_ndim=4 if since == 1 else 1, max_ndim=4 if since == 1 else 5,
                      sides=SIDES))
     fmt = draw(st.sampled_from(FORMATS))
-    attrs = {"epsilon": draw(st.sampled_from([None, 1e-5, 1e-3, 0.0, 2])),
-             "momentum": draw(st.sampled_from([None, 0.9, 0.0, 0.5, -1.0]))}
+    attrs = {"epsilon": draw(st.sampled_from([None, 1e-5, 1e-3, 0.0, 2, np.float32(1e-3),
+                                              BFLOAT16.type(0.25)])),
+             "momentum": draw(st.sampled_from([None, 0.9, 0.0, 0.5, -1.0, np.float64(0.5),
+                                               np.int64(1)]))}
     if since >= 14:
-        attrs["training_mode"] = draw(st.sampled_from([None, 0, 1]))
-    if since in (1, 6):
-        attrs["is_test"] = draw(st.sampled_from([None, 0, 1]))
+        attrs["training_mode"] = draw(st.sampled_from([None, 0, 1, True, np.int64(1),
+                                                       np.bool_(False)]))
+    if since in (1, 6):  # nonzero is test mode
+        attrs["is_test"] = draw(st.sampled_from([None, 0, 1, 2, -1, np.int8(1), False]))
     if since <= 7:
-        attrs["spatial"] = draw(st.sampled_from([None, None, 1, 0]))
+        attrs["spatial"] = draw(st.sampled_from([None, None, 1, 0, True, np.int64(0),
+                                                 np.bool_(True)]))
     if since == 1:
         attrs["consumed_inputs"] = draw(st.sampled_from([None, [0, 0, 0, 1, 1]]))
-    num_outputs = draw(st.sampled_from([None, 1, 2, 3, 5])) if since < 14 else None
+    num_outputs = (draw(st.sampled_from([None, 1, 2, 3, 5, np.int64(3)])) if since < 14
+                   else None)
     saved_var = draw(st.sampled_from(["variance", "inv_std"]))
     floats = st.sampled_from(ALL_FLOATS)
     t1 = draw(floats) if since == 15 else native(X)
@@ -742,121 +814,160 @@ def plausible_batch_normalization(draw):
     return X, params, opset, attrs, fmt, num_outputs, saved_var
 
 
-# test_saved_inv_std_of_a_zero_variance_warns (a library defect) would fail this test
-SAVED_INV_STD_WARNING = ("ignore:divide by zero encountered in divide:RuntimeWarning:"
-                         "normkernels.ops.batch_normalization")
+# the one defect (or not) of each target of test_batch_normalization that is no tensor
+BN_DEFECTS = {"epsilon": FLOAT_DEFECTS, "momentum": FLOAT_DEFECTS, "flag": INT_DEFECTS,
+              "attribute": st.sampled_from([0, 1, [0], "1", 1.0]),
+              "opset": st.sampled_from(OPSET_DEFECTS),
+              "data_format": st.sampled_from(["nchw", "NHWC", None]),
+              "num_outputs": st.sampled_from([0, 6, True, 2.0, 3, np.int64(0), np.float64(3.0),
+                                              "3"]),
+              # (saved_var, in inference): refused in every mode
+              "saved_var": st.tuples(st.sampled_from(["std", None, b"variance", "Variance",
+                                                      ["inv_std"]]), st.booleans())}
 
 
-@pytest.mark.filterwarnings(SAVED_INV_STD_WARNING)
 @SETTINGS
 @given(st.data())
 def test_batch_normalization(data):
     branch = data.draw(st.sampled_from(["plausible", "one defect", "hostile"]))
+    if branch == "one defect":  # the target, and its value unless it is a tensor, up front
+        target = data.draw(st.sampled_from([*BN_INPUTS, *BN_INPUTS, "epsilon", "epsilon",
+                                            "momentum", "momentum", "flag", "flag",
+                                            "attribute", "opset", "data_format",
+                                            "num_outputs", "saved_var"]))
+        value = data.draw(BN_DEFECTS[target]) if target in BN_DEFECTS else None
     if branch != "hostile":
         X, params, opset, attrs, fmt, num_outputs, saved_var = data.draw(
             plausible_batch_normalization())
     if branch == "one defect":
-        target = data.draw(st.sampled_from([*BN_INPUTS, *BN_INPUTS, "epsilon", "epsilon",
-                                            "momentum", "momentum", "attribute", "opset",
-                                            "data_format", "num_outputs", "saved_var"]))
         if target == "X":
             X = data.draw(spoiled_tensor(X))
         elif target in BN_INPUTS:
             k = BN_INPUTS.index(target) - 1
             params[k] = data.draw(spoiled_parameter(params[k]))
-        elif target in ("epsilon", "momentum"):
-            attrs[target] = data.draw(FLOAT_DEFECTS)
+        elif target in ("epsilon", "momentum"):  # in every mode
+            attrs[target] = value
+        elif target == "flag":  # an INT flag of the opset's version (none in 9)
+            flags = sorted({"training_mode", "is_test", "spatial"}
+                           & BN_ATTRIBUTES[version(opset, BN_ATTRIBUTES)]) or ["training_mode"]
+            attrs[data.draw(st.sampled_from(flags))] = value
         elif target == "attribute":
-            attrs[data.draw(st.sampled_from(sorted(BN_SIGNATURE)))] = data.draw(
-                st.sampled_from([0, 1, [0]]))
+            attrs[data.draw(st.sampled_from(sorted(BN_SIGNATURE)))] = value
         elif target == "opset":
-            opset = data.draw(st.sampled_from([0, -1, "15", True, 14.0, None]))
+            opset = value
         elif target == "data_format":
-            fmt = data.draw(st.sampled_from(["nchw", "NHWC", None]))
+            fmt = value
         elif target == "num_outputs":
-            num_outputs = data.draw(st.sampled_from([0, 6, True, 2.0, 3]))
-        else:
-            saved_var = data.draw(st.sampled_from(["std", None]))
+            num_outputs = value
+        else:  # in every mode, at every opset
+            saved_var, inference = value
+            if inference:
+                since = version(opset, BN_ATTRIBUTES)
+                if since >= 14:
+                    attrs["training_mode"] = 0
+                elif since in (1, 6):
+                    attrs["is_test"], num_outputs = 1, None
+                else:  # 7, 9: one output
+                    num_outputs = 1
     if branch == "hostile":
         X = data.draw(tensors())
         fmt = data.draw(st.sampled_from(["NCX", "NXC", "NCX", "nchw"]))
         params = data.draw(parameters(X, fmt, 4))
-        opset = data.draw(st.sampled_from([15, 15, 14, 9, 7, 6, 1, 0, 22, "15", True, 14.0]))
+        opset = data.draw(st.sampled_from([15, 15, 14, 9, 7, 6, 1, 0, 22, "15", True, 14.0,
+                                           np.int64(15), np.int32(6), np.float64(9.0)]))
+        flag = st.sampled_from([None, None, None, 0, 1, 1, 2, -1, True, np.int64(1), "x", 1.0,
+                                [0]])
         attrs = {"epsilon": data.draw(ATTRIBUTE_VALUES),
                  "momentum": data.draw(ATTRIBUTE_VALUES),
-                 "training_mode": data.draw(st.sampled_from([None, None, None, 0, 1])),
-                 "is_test": data.draw(st.sampled_from([None, None, None, 0, 1])),
-                 "spatial": data.draw(st.sampled_from([None, None, None, None, 0, 1])),
+                 "training_mode": data.draw(flag),
+                 "is_test": data.draw(flag),
+                 "spatial": data.draw(st.one_of(st.none(), flag)),
                  "consumed_inputs": data.draw(st.sampled_from([None, None, None, [0]]))}
-        num_outputs = data.draw(st.sampled_from([None, None, None, None, 1, 3, 5, 6, 0, True]))
-        saved_var = data.draw(st.sampled_from(["variance"] * 4 + ["inv_std", "std"]))
+        num_outputs = data.draw(st.sampled_from([None, None, None, None, 1, 3, 5, 6, 0, True,
+                                                 np.int64(3)]))
+        saved_var = data.draw(st.sampled_from(["variance"] * 4 + ["inv_std", "std", None]))
     check_batch_normalization(X, params, attrs, opset, fmt, num_outputs, saved_var)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeWarning, reason=(
-    "library defect: opsets 1-9 training with saved_var='inv_std' computes "
-    "1 / sqrt(var + epsilon) under an errstate without divide='ignore', so a zero "
-    "var + epsilon (one element per channel, epsilon=0) leaks NumPy's RuntimeWarning "
-    "instead of giving inf quietly"))
-def test_saved_inv_std_of_a_zero_variance_warns():
+def test_saved_inv_std_of_a_zero_variance_is_inf():
+    """Opsets 1-9 training, saved_var="inv_std": a zero var + epsilon (one element per
+    channel, epsilon=0) gives inf, as 1 / sqrt(var + epsilon) does, with no warning
+    (it once leaked NumPy's divide-by-zero RuntimeWarning)."""
     X = np.array([0.5], np.float32)
     params = [np.ones(1, np.float32)] * 4
-    outputs = nk.batch_normalization(X, *params, opset=6, epsilon=0.0, num_outputs=5,
-                                     saved_var="inv_std")
-    assert outputs[4][0] == np.inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outputs = nk.batch_normalization(X, *params, opset=6, epsilon=0.0, num_outputs=5,
+                                         saved_var="inv_std")
+    assert outputs[4].dtype == np.float32 and outputs[4][0] == np.inf
+    assert outputs[2][0] == np.float32(0.9) and outputs[3][0] == 0.5  # running var, saved mean
 
 
 @st.composite
 def plausible_instance_normalization(draw):
-    opset = draw(st.sampled_from([1, 6, 7, 22, 23]))
+    opset = draw(OPSET_TYPES)(draw(st.sampled_from([1, 6, 7, 22, 23])))
     since = version(opset, IN_VERSIONS)
     X = draw(tensors(FLOATS if since == 22 else [d for d in FLOATS if d != "bfloat16"],
                      min_ndim=4 if since == 1 else 3, max_ndim=4 if since == 1 else 5,
                      sides=SIDES))
     fmt = draw(st.sampled_from(FORMATS))
-    attrs = {"epsilon": draw(st.sampled_from([None, 1e-5, 1e-3, 0.0]))}
+    attrs = {"epsilon": draw(st.sampled_from([None, 1e-5, 1e-3, 0.0, np.float32(1e-3),
+                                              np.int64(1)]))}
     if since == 1:
         attrs["consumed_inputs"] = draw(st.sampled_from([None, [0, 0, 0]]))
     params = draw(well_formed((channels(X, fmt),), (native(X),) * 2))
     return X, params, opset, attrs, fmt
 
 
+IN_DEFECTS = {"epsilon": FLOAT_DEFECTS, "consumed_inputs": st.just([0]),
+              "opset": st.sampled_from(OPSET_DEFECTS),
+              "data_format": st.sampled_from(["nchw", "NHWC", None])}
+
+
 @SETTINGS
 @given(st.data())
 def test_instance_normalization(data):
     branch = data.draw(st.sampled_from(["plausible", "one defect", "hostile"]))
+    if branch == "one defect":  # the target, and its value unless it is a tensor, up front
+        target = data.draw(st.sampled_from(["input", "scale", "B"] * 2 + [
+            "epsilon", "epsilon", "epsilon", "consumed_inputs", "opset", "data_format"]))
+        value = data.draw(IN_DEFECTS[target]) if target in IN_DEFECTS else None
     if branch != "hostile":
         X, params, opset, attrs, fmt = data.draw(plausible_instance_normalization())
     if branch == "one defect":
-        target = data.draw(st.sampled_from(["input", "scale", "B"] * 2 + [
-            "epsilon", "epsilon", "epsilon", "consumed_inputs", "opset", "data_format"]))
         if target == "input":
             X = data.draw(spoiled_tensor(X))
         elif target in ("scale", "B"):
             k = ("scale", "B").index(target)
             params[k] = data.draw(spoiled_parameter(params[k]))
-        elif target == "epsilon":
-            attrs[target] = data.draw(FLOAT_DEFECTS)
-        elif target == "consumed_inputs":
-            attrs[target] = [0]
+        elif target in ("epsilon", "consumed_inputs"):
+            attrs[target] = value
         elif target == "opset":
-            opset = data.draw(st.sampled_from([0, -1, "22", True, 22.0, None]))
+            opset = value
         else:
-            fmt = data.draw(st.sampled_from(["nchw", "NHWC", None]))
+            fmt = value
     if branch == "hostile":
         X = data.draw(tensors())
         fmt = data.draw(st.sampled_from(["NCX", "NXC", "NCX", "nchw"]))
         params = data.draw(parameters(X, fmt, 2))
-        opset = data.draw(st.sampled_from([22, 6, 1, 0, 23, "22"]))
+        opset = data.draw(st.sampled_from([22, 6, 1, 0, 23, "22", np.int64(22), 22.0]))
         attrs = {"epsilon": data.draw(ATTRIBUTE_VALUES),
                  "consumed_inputs": data.draw(st.sampled_from([None, None, [0]]))}
     check_instance_normalization(X, params, attrs, opset, fmt)
+
+
+BNI_DEFECTS = {"epsilon": st.sampled_from([*FLOAT_DEFECT_LIST, MISSING, None, -1e-5]),
+               "data_format": st.sampled_from(["nchw", "NHWC", None])}
 
 
 @SETTINGS
 @given(st.data())
 def test_batch_norm_inference(data):
     branch = data.draw(st.sampled_from(["plausible", "one defect", "hostile"]))
+    if branch == "one defect":  # the target, and its value unless it is a tensor, up front
+        target = data.draw(st.sampled_from(["input", *BNI_PARAMS] * 2
+                                           + ["epsilon", "epsilon", "epsilon", "data_format"]))
+        value = data.draw(BNI_DEFECTS[target]) if target in BNI_DEFECTS else None
     if branch != "hostile":
         X = data.draw(tensors(["float32", "float16", "bfloat16", ">f4"], min_ndim=2,
                               sides=SIDES))
@@ -865,22 +976,20 @@ def test_batch_norm_inference(data):
         params = data.draw(well_formed((channels(X, fmt),), (t2,) * 4))
         eps = data.draw(st.sampled_from([1e-5, 1e-3, 2, 1e30]))
     if branch == "one defect":
-        target = data.draw(st.sampled_from(["input", *BNI_PARAMS] * 2
-                                           + ["epsilon", "epsilon", "epsilon", "data_format"]))
         if target == "input":
             X = data.draw(spoiled_tensor(X))
         elif target in BNI_PARAMS:
             k = BNI_PARAMS.index(target)
             params[k] = data.draw(spoiled_parameter(params[k]))
         elif target == "epsilon":
-            eps = data.draw(st.one_of(FLOAT_DEFECTS, st.sampled_from([MISSING, None, -1e-5])))
+            eps = value
         else:
-            fmt = data.draw(st.sampled_from(["nchw", "NHWC", None]))
+            fmt = value
     if branch == "hostile":
         X = data.draw(tensors())
         fmt = data.draw(st.sampled_from(["NXC", "NCX", "nhwc"]))
         params = data.draw(parameters(X, fmt, 4))
-        eps = data.draw(st.one_of(ATTRIBUTE_VALUES, st.just(MISSING)))
+        eps = data.draw(st.sampled_from([*ATTRIBUTE_VALUE_LIST, MISSING]))
     check_batch_norm_inference(X, params, eps, fmt)
 
 
@@ -1020,7 +1129,10 @@ def test_run_node(data):
         inputs = [*inputs, inputs[-1]]
     attrs = {}
     for name in data.draw(st.lists(st.sampled_from(attribute_names), max_size=3, unique=True)):
-        attrs[name] = data.draw(st.sampled_from([1e-5, 0.9, 1, 0, -1.0, [0, 1]]))
+        # as ONNX types them: FLOAT, INT (2 and -1: only is_test takes them), STRING
+        # (bytes when read back), INTS; a FLOAT where an INT is due is refused
+        attrs[name] = data.draw(st.sampled_from([1e-5, 0.9, 1, 0, 2, -1, -1.0, "1e-3",
+                                                 [0, 1]]))
     try:
         node = helper.make_node(op, [f"i{k}" for k in range(n_inputs)], outputs, **attrs)
     except Exception:

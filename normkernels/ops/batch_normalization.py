@@ -11,6 +11,12 @@ Y with the batch statistics (population variance) and returns the running statis
 opsets 1-9 add saved_mean and saved_var (the batch mean and variance, as the spec
 words it; ``saved_var="inv_std"`` gives onnxruntime's 1/sqrt(var + epsilon)).
 ``spatial=0`` (opsets 1, 6, 7) computes statistics per activation over N.
+
+Attributes are checked in every mode, whether or not the mode uses them: INT
+attributes are integers (Python or NumPy integers, bools), ``training_mode`` and
+``spatial`` 0 or 1, ``is_test`` any integer (ONNX: nonzero is test mode); FLOAT
+attributes (``epsilon``, ``momentum``) are finite real numbers, never strings;
+``saved_var`` is "variance" or "inv_std" at every opset.
 """
 
 import functools
@@ -53,9 +59,14 @@ VERSIONS = {
 }
 
 
-@functools.cache
 def version_for(opset):
-    """The BatchNormalization version in force at ``opset``."""
+    """The BatchNormalization version in force at ``opset`` (an int >= 1, or a NumPy
+    integer)."""
+    return _version_for(opset if type(opset) is int else common.check_opset(OP, opset))
+
+
+@functools.cache
+def _version_for(opset):
     return common.version_in_force(OP, VERSIONS, opset)
 
 
@@ -91,6 +102,25 @@ def _types_ok(version, arrays):
 
 
 SAVED_VAR = ("variance", "inv_std")
+# INT attributes: the values allowed (None: any integer; is_test is "nonzero" in ONNX)
+_INT_ATTRIBUTES = {"training_mode": (0, 1), "is_test": None, "spatial": (0, 1)}
+
+
+def check_attributes(label, attrs):
+    """The INT attributes as Python ints and momentum as a Python float, checked in
+    every mode; epsilon is checked by the caller."""
+    for name, choices in _INT_ATTRIBUTES.items():
+        if name in attrs:
+            attrs[name] = common.check_int_attribute(label, name, attrs[name], choices)
+    attrs["momentum"] = common.check_float_attribute(label, "momentum", attrs["momentum"])
+    return attrs
+
+
+def check_saved_var(label, saved_var):
+    """``saved_var`` (a normkernels option, used by opsets 1-9 in training) is checked
+    on every call, whatever the opset and mode."""
+    if not isinstance(saved_var, str) or saved_var not in SAVED_VAR:
+        raise ValueError(f"{label}: saved_var must be one of {SAVED_VAR}, got {saved_var!r}")
 
 
 def mode(version, attrs, num_outputs):
@@ -104,15 +134,16 @@ def mode(version, attrs, num_outputs):
         return "training" if attrs["training_mode"] else "inference"
     if num_outputs is None:
         num_outputs = 1
-    if isinstance(num_outputs, bool) or not isinstance(num_outputs, int) \
-            or not 1 <= num_outputs <= 5:
+    if not common.is_integer(num_outputs) or not 1 <= num_outputs <= 5:
         raise ValueError(f"{label}: num_outputs must be an integer from 1 to 5 (Y, mean, "
                          f"var, saved_mean, saved_var), got {num_outputs!r}")
+    num_outputs = int(num_outputs)
     if version.since in (1, 6):
         training = not attrs["is_test"]
         if not training and num_outputs > 1:
-            raise ValueError(f"{label}: is_test=1 (test mode) has one output, Y; "
-                             f"num_outputs={num_outputs} asks for training outputs")
+            raise ValueError(f"{label}: is_test={attrs['is_test']} (nonzero: test mode) has "
+                             f"one output, Y; num_outputs={num_outputs} asks for training "
+                             "outputs")
     else:
         training = num_outputs > 1  # opsets 7 and 9: the outputs select the mode
     return "training" if training else "inference"
@@ -128,6 +159,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         "epsilon": epsilon, "momentum": momentum, "training_mode": training_mode,
         "is_test": is_test, "spatial": spatial, "consumed_inputs": consumed_inputs})
     label = f"{OP}-{version.since}"
+    attrs = check_attributes(label, attrs)
+    check_saved_var(label, saved_var)
     common.check_data_format(label, data_format)
     arrays = {n: common.as_array(n, v)
               for n, v in zip(_INPUTS, (X, scale, B, input_mean, input_var), strict=True)}
@@ -195,7 +228,6 @@ def _run(label, version, X, arrays, data_format, out, run_mode, eps, momentum, n
                                             arrays["input_mean"], arrays["input_var"], eps,
                                             X.dtype)
         return common.normalize(X, mean, a, b, data_format, out, engine, path)
-    momentum = common.check_float_attribute(label, "momentum", momentum)
     return _training(label, version, X, arrays, eps, momentum, num_outputs or 1, saved_var,
                      data_format, out, engine, path)
 
@@ -203,8 +235,6 @@ def _run(label, version, X, arrays, data_format, out, run_mode, eps, momentum, n
 def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, data_format,
               out, engine, path):
     """Y normalized with the batch statistics, and the running (and saved) statistics."""
-    if saved_var not in SAVED_VAR:
-        raise ValueError(f"{label}: saved_var must be one of {SAVED_VAR}, got {saved_var!r}")
     if X.size == 0:
         raise ValueError(f"{label}: training mode on an empty X (shape {X.shape}): batch "
                          "statistics of zero elements are undefined")
@@ -221,7 +251,8 @@ def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, 
                                         eps, X.dtype)
     Y = common.normalize(X, mean, a, b, data_format, out, engine, path)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
-    with np.errstate(invalid="ignore", over="ignore"):
+    # divide: saved_var="inv_std" of a zero var + epsilon is inf, as the formula gives
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         running_mean = (arrays["input_mean"].astype(np.float64) * momentum
                         + batch_mean * (1.0 - momentum)).astype(stats_dtype)
         running_var = (arrays["input_var"].astype(np.float64) * momentum

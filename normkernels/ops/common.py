@@ -7,6 +7,7 @@ see identical arguments.
 """
 
 import math
+import numbers
 
 import numpy as np
 
@@ -25,11 +26,23 @@ ALL_FLOATS = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
 _NAMES = {FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
 
 
+def is_integer(value):
+    """An integer that is not a bool: a Python int or a NumPy integer."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_opset(op, opset):
+    """``opset`` as a Python int: an integer >= 1 (a Python int or a NumPy integer;
+    not a bool, a float or a string)."""
+    if not is_integer(opset) or opset < 1:
+        raise ValueError(f"{op}: opset must be an integer >= 1, got {opset!r}")
+    return int(opset)
+
+
 def version_in_force(op, versions, opset):
     """The version of ``op`` serving a model's ``opset``: the highest since-version
     at or below it (``versions``: since-version -> version record)."""
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 1:
-        raise ValueError(f"{op}: opset must be an integer >= 1, got {opset!r}")
+    opset = check_opset(op, opset)
     eligible = [v for v in versions if v <= opset]
     if not eligible:
         raise ValueError(f"{op}: no version at or below opset {opset} "
@@ -88,18 +101,45 @@ def check_same_dtype(op, type_var, named_arrays):
                         f"and must have one dtype, got {listed}")
 
 
-def check_float_attribute(op, name, value, positive=False):
-    """A FLOAT attribute: a finite number (and > 0 when ``positive``)."""
+def is_real_number(value):
+    """A real number that is not a bool: a Python int or float, a NumPy integer or
+    floating scalar (bfloat16 too), or another ``numbers.Real``. Strings, bytes,
+    arrays (0-d too) and sequences are not."""
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{op}: {name} must be a float, got {value!r}")
+        return False
+    return isinstance(value, numbers.Real) or (isinstance(value, np.generic)
+                                               and value.dtype == BFLOAT16)
+
+
+def check_float_attribute(op, name, value, positive=False):
+    """A FLOAT attribute: a finite real number (and > 0 when ``positive``), as a
+    Python float."""
+    if not is_real_number(value):
+        raise TypeError(f"{op}: {name} must be a float (a real number), "
+                        f"got {type(value).__name__} {value!r}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{op}: {name} must be a float, got {value!r}") from None
+    except OverflowError:  # an int or Fraction beyond float64's range
+        raise ValueError(f"{op}: {name} must be finite, got a number beyond float64's "
+                         f"range ({type(value).__name__})") from None
     if not math.isfinite(number):
         raise ValueError(f"{op}: {name} must be finite, got {number}")
     if positive and number <= 0:
         raise ValueError(f"{op}: {name} must be positive, got {number}")
+    return number
+
+
+def check_int_attribute(op, name, value, choices=None):
+    """An INT attribute: an integer (a Python int or bool, a NumPy integer or bool),
+    one of ``choices`` when given, as a Python int."""
+    if not isinstance(value, (int, np.integer, np.bool_)):
+        expected = f" ({' or '.join(map(str, choices))})" if choices else ""
+        raise TypeError(f"{op}: {name} must be an integer{expected}, "
+                        f"got {type(value).__name__} {value!r}")
+    number = int(value)
+    if choices is not None and number not in choices:
+        raise ValueError(f"{op}: {name} must be {' or '.join(map(str, choices))}, "
+                         f"got {number}")
     return number
 
 

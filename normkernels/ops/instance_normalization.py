@@ -40,9 +40,14 @@ VERSIONS = {
 }
 
 
-@functools.cache
 def version_for(opset):
-    """The InstanceNormalization version in force at ``opset``."""
+    """The InstanceNormalization version in force at ``opset`` (an int >= 1, or a
+    NumPy integer)."""
+    return _version_for(opset if type(opset) is int else common.check_opset(OP, opset))
+
+
+@functools.cache
+def _version_for(opset):
     return common.version_in_force(OP, VERSIONS, opset)
 
 
