@@ -24,6 +24,7 @@ BatchNormalization.
 import numpy as np
 
 import normkernels
+from normkernels.ops.common import check_opset
 from normkernels.ops.moments import merge
 
 _PARTIAL = np.dtype([("count", np.int64), ("mean", np.float64), ("M2", np.float64)])
@@ -210,7 +211,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     running statistics as NumPy arrays in training).
     """
     da = _check(X)
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset < 14:
+    opset = check_opset("normkernels.dask.batch_normalization", opset)
+    if opset < 14:
         raise NotImplementedError(f"normkernels.dask.batch_normalization: opset {opset!r}; "
                                   "only opsets 14 and 15 (training_mode) are supported on "
                                   "dask arrays")

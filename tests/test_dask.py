@@ -177,6 +177,10 @@ def test_results_are_lazy_and_errors_are_clear(rng):
         nkd.moments(X)
     with pytest.raises(NotImplementedError, match="opsets 14 and 15"):
         nkd.batch_normalization(Xd, *p, opset=9)
+    with pytest.raises(ValueError, match="opset must be an integer"):
+        nkd.batch_normalization(Xd, *p, opset="15")
+    assert_identical(nkd.batch_normalization(Xd, *p, opset=np.int64(15)).compute(),
+                     nk.batch_normalization(X, *p))
     with pytest.raises(ValueError, match=r"shape \(5,\)"):
         nkd.batch_normalization(Xd, p[0][:4], *p[1:])
     with pytest.raises(ValueError, match="epsilon must be finite"):
