@@ -42,9 +42,11 @@ ROUTES = (
 _trace = None
 
 
-def _took(route):
+def _took(*parts):
+    """Report the route ``"/".join(parts)``; joined only when a test is listening, so
+    an ordinary call pays one function call here, no string formatting."""
     if _trace is not None:
-        _trace(route)
+        _trace("/".join(parts))
 
 # --- where parallel launches are allowed, and serialised ---
 # Numba terminates a child forked from a process that used its GNU OpenMP layer on the
@@ -213,16 +215,16 @@ def _scale_shift(xs, ys, C, S, mean, a, b, path):
     if use_planes(C, S, mean.itemsize):
         loop = "planes" if S >= loops.MIN_PLANE else "short-planes"
         if path == "serial":
-            _took(f"scale_shift/{loop}/serial")
+            _took("scale_shift", loop, "serial")
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
         elif path == "streaming" and S >= loops.MIN_PLANE:
-            _took("scale_shift/planes/streaming")
+            _took("scale_shift", "planes", "streaming")
             loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b, block_size(xs.size))
         else:
-            _took(f"scale_shift/{loop}/parallel")
+            _took("scale_shift", loop, "parallel")
             loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b, block_size(xs.size))
         return
-    _took(f"scale_shift/periodic/{path}")
+    _took("scale_shift", "periodic", path)
     period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
     if path == "serial":
         loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
@@ -260,10 +262,10 @@ def moments(x, C, S):
         S = xs.size  # one channel: the whole tensor is one plane
     n_rows = xs.size // (C * S)
     if S >= MOMENTS_MIN_PLANE and (S >= MOMENTS_SHORT_PLANE or n_rows < MOMENTS_MIN_ROWS):
-        _took("moments/planes")
+        _took("moments", "planes")
         _plane_moments(xs, C, S, count, mean, m2)
         return count, mean, m2
-    _took("moments/rows")
+    _took("moments", "rows")
     period = C * S
     width = period * -(-MIN_ROW_COLUMNS // period)
     wide_rows = xs.size // width
@@ -333,19 +335,19 @@ def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
         or n_planes < 2 * numba.get_num_threads())
     fused = "fused" if S >= loops.MIN_PLANE else "fused-short"
     if split:
-        _took("instance_planes/split")
+        _took("instance_planes", "split")
         _plane_moments(xs, n_planes, S, np.zeros(n_planes, np.int64), mean, m2)
         instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
         scale_shift(x, y, n_planes, S, m, a, b, path)
     elif path == "serial":
-        _took(f"instance_planes/{fused}/serial")
+        _took("instance_planes", fused, "serial")
         instance.fused_planes_serial(xs, ys, *args)
     elif path == "streaming" and S >= loops.MIN_PLANE:
-        _took("instance_planes/fused/streaming")
+        _took("instance_planes", "fused", "streaming")
         with _launch_guard():
             instance.fused_planes_streaming(xs, ys, *args)
     else:
-        _took(f"instance_planes/{fused}/parallel")
+        _took("instance_planes", fused, "parallel")
         with _launch_guard():
             instance.fused_planes_parallel(xs, ys, *args)
     return mean, m2
@@ -388,13 +390,13 @@ def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
     instance.fold_planes(C, R, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
                          m, a, b)
     if R * C >= SAMPLE_CALL_MIN_ELEMENTS:
-        _took("instance_rows/per-sample")
+        _took("instance_rows", "per-sample")
         x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
         for n in range(N):
             cs = slice(n * C, (n + 1) * C)
             scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
     else:
-        _took("instance_rows/one-launch")
+        _took("instance_rows", "one-launch")
         with _launch_guard():
             _pick(instance.normalize_rows, instance.normalize_rows_serial)(
                 xs, ys, C, R, rows_per_block, m, a, b)
