@@ -41,5 +41,5 @@ def test_workload(benchmark, flush, sized, workload, candidate):
     benchmark.pedantic(fn, rounds=rounds, iterations=1,
                        setup=None if small else flush, warmup_rounds=1)
     if benchmark.stats is not None:  # None under --benchmark-disable
-        moved = (1 if workload.op == "moments" else 2) * X.nbytes
+        moved = (1 if workload.operator.reads_only else 2) * X.nbytes
         benchmark.extra_info["GB/s"] = moved / benchmark.stats["median"] / 1e9

@@ -1,6 +1,6 @@
 """The public operators: NumPy arrays in, NumPy arrays out, Numba kernels inside."""
 
-from normkernels.kernels import dispatch
+from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import instance_normalization as _in
@@ -30,7 +30,9 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         everything has X's dtype.
     epsilon, momentum, training_mode, is_test, spatial, consumed_inputs
         ONNX attributes; ``None`` means the opset's schema default. Passing an
-        attribute the opset does not have is a TypeError.
+        attribute the opset does not have is a TypeError, and so is leaving out
+        ``consumed_inputs`` at opsets 1-5 (the schema requires it; its value is
+        accepted and ignored).
     num_outputs : int, optional
         Opsets 1-9: how many outputs the node has (1 to 5: Y, mean, var, saved_mean,
         saved_var); in opsets 7 and 9 it selects the mode (1 = inference).
@@ -65,7 +67,7 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum,
         training_mode=training_mode, is_test=is_test, spatial=spatial,
         consumed_inputs=consumed_inputs, num_outputs=num_outputs, saved_var=saved_var,
-        opset=opset, data_format=data_format, out=out, engine=dispatch)
+        opset=opset, data_format=data_format, out=out, engine=ENGINE)
 
 
 def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_format="NXC",
@@ -87,7 +89,7 @@ def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_fo
         Where to write the output; may be ``input`` itself.
     """
     return _bni.batch_norm_inference(input, gamma, beta, mean, variance, epsilon=epsilon,
-                                     data_format=data_format, out=out, engine=dispatch)
+                                     data_format=data_format, out=out, engine=ENGINE)
 
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
@@ -129,7 +131,7 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     """
     return _in.instance_normalization(input, scale, B, epsilon=epsilon,
                                       consumed_inputs=consumed_inputs, opset=opset,
-                                      data_format=data_format, out=out, engine=dispatch)
+                                      data_format=data_format, out=out, engine=ENGINE)
 
 
 def moments(X, *, data_format="NCX"):
@@ -140,7 +142,7 @@ def moments(X, *, data_format="NCX"):
     float64, variance within 1e-6 relative), bitwise the same for any thread count.
     Returns float64 arrays for float32/float64 X, float32 for float16/bfloat16.
     """
-    return _moments.statistics(X, data_format, dispatch)
+    return _moments.statistics(X, data_format, ENGINE)
 
 
 def partial_moments(X, *, data_format="NCX"):
@@ -148,7 +150,7 @@ def partial_moments(X, *, data_format="NCX"):
     float64, float64 arrays of shape (C,); M2 = sum of squared deviations). Combine
     partials of chunks or micro-batches with :func:`merge_moments`; the variance is
     ``M2 / count``. An empty X gives count 0 (the identity of the merge)."""
-    return _moments.partial_statistics(X, data_format, dispatch)
+    return _moments.partial_statistics(X, data_format, ENGINE)
 
 
 def merge_moments(a, b):

@@ -18,18 +18,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from normkernels.kernels.storage import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+from normkernels.operators import OPERATORS, YARDSTICK, operator
 
 DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64": FLOAT64}
+LAYOUTS = ("NCX", "NXC")
 
 
 @dataclass(frozen=True)
 class Workload:
     name: str
-    op: str  # "batchnorm" (ONNX inference), "batchnorm-training", "moments",
-    #          "batchnorm-inference" (oneDNN), "instancenorm"
+    op: str  # a key of normkernels.operators.OPERATORS
     shape: tuple  # in NCX order: (N, C, *spatial)
     dtype: str
     data_format: str = "NCX"
+    mode: str = "inference"
+
+    @property
+    def operator(self):
+        return operator(self.op)
 
     @property
     def layout_shape(self):
@@ -41,25 +47,27 @@ class Workload:
     def channels(self):
         return self.shape[1] if len(self.shape) > 1 else 1
 
+    @property
+    def channel_axis(self):
+        ndim = len(self.shape)
+        return 1 if self.data_format == "NCX" or ndim <= 2 else ndim - 1
 
+
+STEM, LAST = (32, 64, 112, 112), (64, 2048, 7, 7)
 WORKLOADS = [
-    Workload("resnet-stem-f32-ncx", "batchnorm", (32, 64, 112, 112), "float32", "NCX"),
-    Workload("resnet-stem-f32-nxc", "batchnorm", (32, 64, 112, 112), "float32", "NXC"),
-    Workload("resnet-stem-f16-ncx", "batchnorm", (32, 64, 112, 112), "float16", "NCX"),
-    Workload("resnet-stem-bf16-ncx", "batchnorm", (32, 64, 112, 112), "bfloat16", "NCX"),
-    Workload("resnet-stem-bf16-nxc-onednn", "batchnorm-inference", (32, 64, 112, 112),
-             "bfloat16", "NXC"),
-    Workload("resnet-last-f32", "batchnorm", (64, 2048, 7, 7), "float32", "NCX"),
+    Workload("resnet-stem-f32-ncx", "batchnorm", STEM, "float32", "NCX"),
+    Workload("resnet-stem-f32-nxc", "batchnorm", STEM, "float32", "NXC"),
+    Workload("resnet-stem-f16-ncx", "batchnorm", STEM, "float16", "NCX"),
+    Workload("resnet-stem-bf16-ncx", "batchnorm", STEM, "bfloat16", "NCX"),
+    Workload("resnet-stem-bf16-nxc-onednn", "batchnorm-inference", STEM, "bfloat16", "NXC"),
+    Workload("resnet-last-f32", "batchnorm", LAST, "float32", "NCX"),
     Workload("dense-f32", "batchnorm", (4096, 1024), "float32", "NCX"),
     Workload("tiny-f32", "batchnorm", (1, 16, 8, 8), "float32", "NCX"),
-    Workload("train-resnet-stem-f32-ncx", "batchnorm-training", (32, 64, 112, 112),
-             "float32", "NCX"),
-    Workload("train-resnet-stem-f32-nxc", "batchnorm-training", (32, 64, 112, 112),
-             "float32", "NXC"),
-    Workload("train-resnet-last-f32", "batchnorm-training", (64, 2048, 7, 7), "float32",
-             "NCX"),
-    Workload("moments-resnet-stem-f32-ncx", "moments", (32, 64, 112, 112), "float32", "NCX"),
-    Workload("moments-resnet-stem-f32-nxc", "moments", (32, 64, 112, 112), "float32", "NXC"),
+    Workload("train-resnet-stem-f32-ncx", "batchnorm", STEM, "float32", "NCX", "training"),
+    Workload("train-resnet-stem-f32-nxc", "batchnorm", STEM, "float32", "NXC", "training"),
+    Workload("train-resnet-last-f32", "batchnorm", LAST, "float32", "NCX", "training"),
+    Workload("moments-resnet-stem-f32-ncx", "moments", STEM, "float32", "NCX"),
+    Workload("moments-resnet-stem-f32-nxc", "moments", STEM, "float32", "NXC"),
     Workload("instnorm-style-f32-ncx", "instancenorm", (8, 64, 256, 256), "float32", "NCX"),
     Workload("instnorm-style-f32-nxc", "instancenorm", (8, 64, 256, 256), "float32", "NXC"),
     Workload("instnorm-512-f32", "instancenorm", (1, 32, 512, 512), "float32", "NCX"),
@@ -80,101 +88,59 @@ SUITES = {
               "tiny-f32"],
     "all": [w.name for w in WORKLOADS],
 }
-OPS = {("batchnorm", "inference"): "batchnorm", ("batchnorm", "training"): "batchnorm-training",
-       ("instancenorm", "inference"): "instancenorm", ("moments", "inference"): "moments",
-       ("batchnorm-inference", "inference"): "batchnorm-inference"}
 
 
 def custom_workload(op="batchnorm", mode="inference", shape=(32, 64, 112, 112),
                     dtype="float32", layout="NCX"):
     """A workload from the command line's flags (``shape`` in N, C, spatial order)."""
-    if (op, mode) not in OPS:
-        raise ValueError(f"--op {op} has no --mode {mode} (training is for batchnorm)")
+    if op not in OPERATORS:
+        raise ValueError(f"--op must be one of {', '.join(OPERATORS)}, got {op!r}")
+    if mode not in OPERATORS[op].modes:
+        raise ValueError(f"--op {op} has no --mode {mode} (its modes: "
+                         f"{', '.join(OPERATORS[op].modes)})")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if layout not in ("NCX", "NXC"):
+    if layout not in LAYOUTS:
         raise ValueError(f"--layout must be NCX or NXC, got {layout!r}")
     shape = tuple(int(v) for v in shape)
     name = f"{op}-{mode}-{'x'.join(map(str, shape))}-{dtype}-{layout}".lower()
-    return Workload(name, OPS[op, mode], shape, dtype, layout)
+    return Workload(name, op, shape, dtype, layout, mode)
 
 
 def make_inputs(workload, seed=0):
-    """X and the four per-channel parameters of a workload (float32 parameters,
-    bfloat16 for the oneDNN op on bfloat16 X)."""
+    """X and the per-channel parameters of a workload (see ``Operator.params``)."""
     rng = np.random.default_rng(seed)
     dtype = DTYPES[workload.dtype]
     X = rng.standard_normal(workload.layout_shape, dtype=np.float32).astype(dtype)
-    C = workload.channels
-    pdt = BFLOAT16 if workload.op == "batchnorm-inference" and dtype == BFLOAT16 else FLOAT32
-    if workload.op == "instancenorm":  # scale and B share X's type T
-        pdt = dtype
-    scale = rng.uniform(0.5, 2.0, C).astype(pdt)
-    B = rng.standard_normal(C).astype(pdt)
-    mean = rng.standard_normal(C).astype(pdt)
-    var = rng.uniform(0.5, 2.0, C).astype(pdt)
-    return X, (scale, B, mean, var)
+    return X, workload.operator.params(rng, workload.channels, dtype)
 
 
-def normkernels_call(workload, X, params, out, op=None):
-    """The normkernels call of a workload (``op`` overrides the workload's)."""
-    import normkernels
-
-    op = op or workload.op
-    fmt = workload.data_format
-    if op == "batchnorm-inference":
-        return lambda: normkernels.batch_norm_inference(X, *params, epsilon=1e-5,
-                                                        data_format=fmt, out=out)
-    if op == "moments":
-        return lambda: normkernels.moments(X, data_format=fmt)
-    if op == "instancenorm":
-        return lambda: normkernels.instance_normalization(X, *params[:2], epsilon=1e-5,
-                                                          data_format=fmt, out=out)
-    training = 1 if op == "batchnorm-training" else 0
-    return lambda: normkernels.batch_normalization(X, *params, epsilon=1e-5,
-                                                   training_mode=training, data_format=fmt,
-                                                   out=out)
+def normkernels_call(workload, X, params, out, mode=None):
+    """The normkernels call of a workload (``mode`` overrides the workload's)."""
+    op = workload.operator
+    mode = mode or workload.mode
+    return lambda: op.call(X, params, mode, workload.data_format, out)
 
 
-def _channel_axis(workload, X):
-    return 1 if workload.data_format == "NCX" or X.ndim <= 2 else X.ndim - 1
+def inference_call(workload, X, params, out):
+    """BN inference on the workload's tensor, the yardstick of training and instance
+    normalization (``over_inference``); None for BN inference itself."""
+    if workload.mode not in workload.operator.over_inference:
+        return None
+    bn = operator(YARDSTICK)
+    p = bn.params(np.random.default_rng(0), workload.channels, DTYPES[workload.dtype])
+    return lambda: bn.call(X, p, "inference", workload.data_format, out)
 
 
 def numpy_call(workload, X, params, dtype=None):
-    """What a NumPy user would write, in X's dtype (or ``dtype``); parameters are
-    broadcast along the channel axis. Returns Y, or (mean, var) for moments."""
+    """What a NumPy user would write, in X's dtype (or ``dtype``): the operator's
+    formula. Returns a callable giving Y, or (mean, var) for moments."""
     dtype = X.dtype if dtype is None else np.dtype(dtype)
-    axis = _channel_axis(workload, X)
-    reduced = tuple(i for i in range(X.ndim) if i != axis)
-    shape = [1] * X.ndim
-    shape[axis] = -1
-    scale, B, mean, var = (p.astype(dtype).reshape(shape) for p in params)
-    x = X if dtype == X.dtype else X.astype(dtype)
-    eps = dtype.type(1e-5)
-
-    def inference():
-        return (x - mean) / np.sqrt(var + eps) * scale + B
-
-    def training():
-        m = x.mean(axis=reduced, keepdims=True)
-        v = x.var(axis=reduced, keepdims=True)
-        return (x - m) / np.sqrt(v + eps) * scale + B
-
-    def moments():
-        return x.mean(axis=reduced), x.var(axis=reduced)
-
-    def instance():
-        spatial = tuple(i for i in reduced if i != 0)
-        m = x.mean(axis=spatial, keepdims=True)
-        v = x.var(axis=spatial, keepdims=True)
-        return (x - m) / np.sqrt(v + eps) * scale + B
-
-    formula = {"moments": moments, "batchnorm-training": training,
-               "instancenorm": instance}.get(workload.op, inference)
+    op = workload.operator
 
     def quiet():  # float16 overflows in NumPy (instance norm of 512x512): that is its result
         with np.errstate(all="ignore"):
-            return formula()
+            return op.formula(X, params, workload.mode, workload.channel_axis, dtype)
 
     return quiet
 
@@ -315,15 +281,14 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     result_nk = nk()
     first_call = time.perf_counter() - t0
     baselines = baseline_calls(X, np.empty_like(X))
-    reads_only = workload.op == "moments"
+    reads_only = workload.operator.reads_only
     roofline = "read" if reads_only else "copy"
     calls = {"normkernels": nk, "copy": baselines["copy"], "read": baselines["read"]}
     if not reads_only:
         calls["axpb"] = baselines["axpb"]
-    if workload.op in ("batchnorm-training", "instancenorm"):
-        inference_params = tuple(p.astype(FLOAT32) for p in params)
-        calls["inference"] = normkernels_call(workload, X, inference_params, np.empty_like(X),
-                                              "batchnorm")
+    yardstick = inference_call(workload, X, params, np.empty_like(X))
+    if yardstick is not None:
+        calls["inference"] = yardstick
     skipped = {}
     for name in peers:
         try:
@@ -337,7 +302,8 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     nbytes = (1 if reads_only else 2) * X.nbytes
     nk_time = medians["normkernels"]
     result = {
-        "workload": workload.name, "op": workload.op, "shape": list(workload.layout_shape),
+        "workload": workload.name, "op": workload.op, "mode": workload.mode,
+        "shape": list(workload.layout_shape),
         "dtype": workload.dtype, "data_format": workload.data_format, "bytes": nbytes,
         "threads": threads, "first_call_s": first_call,
         "seconds": medians,
@@ -355,8 +321,7 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
         result["over_inference"] = nk_time / medians["inference"]
     exact = numpy_call(workload, X, params, np.float64)()
     result["max_rel_err"] = {"normkernels": _error(workload, result_nk, exact)}
-    ours = result_nk[0] if isinstance(result_nk, tuple) and workload.op != "moments" \
-        else result_nk
+    ours = result_nk[0] if isinstance(result_nk, tuple) and not reads_only else result_nk
     result["agreement"] = {}
     for name in result["ratios"]:
         theirs = calls[name]()
@@ -369,159 +334,10 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
 
 
 def _error(workload, got, exact):
-    if workload.op == "moments":
+    if workload.operator.reads_only:
         return max(max_relative_error(g, e) for g, e in zip(got, exact, strict=True))
     if isinstance(got, tuple):
         got = got[0]
     return max_relative_error(got, exact)
 
 
-LIGHT_MODELS = ("resnet50", "densenet121", "inception_v2", "shufflenet")
-
-
-def evaluator_timing(model_name="resnet50", repeat=3):
-    """Wall time of a light-zoo model under ``onnx.reference.ReferenceEvaluator``, with
-    the normkernels ops and without (interleaved, medians), total and in the
-    BatchNormalization / InstanceNormalization nodes. Needs onnx."""
-    import os
-
-    import onnx
-    from onnx import numpy_helper
-    from onnx.backend.test.runner import Runner
-    from onnx.reference import ReferenceEvaluator
-    from onnx.reference.ops import op_batch_normalization, op_instance_normalization
-
-    from normkernels import onnx as nko
-
-    data = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
-    model = onnx.load(os.path.join(data, f"light_{model_name}.onnx"))
-    initializers = {i.name for i in model.graph.initializer}
-    feeds = {x.name: Runner.generate_dummy_data(x, seed=0, name=model_name, random=False)
-             for x in model.graph.input if x.name not in initializers}
-    expected = numpy_helper.to_array(
-        onnx.load_tensor(os.path.join(data, f"light_{model_name}_output_0.pb")))
-    node_seconds = {"normkernels": 0.0, "onnx.reference": 0.0}
-
-    def timed(cls, key):
-        run = cls._run
-
-        def _run(self, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return run(self, *args, **kwargs)
-            finally:
-                node_seconds[key] += time.perf_counter() - t0
-        return _run
-
-    ours = []
-    for cls in nko.reference_ops():
-        ours.append(type(cls.__name__, (cls,), {"_run": timed(cls, "normkernels")}))
-    reference_classes = [c for m in (op_batch_normalization, op_instance_normalization)
-                         for c in vars(m).values()
-                         if isinstance(c, type) and c.__name__.startswith(("BatchNormalization",
-                                                                          "InstanceNormalization"))]
-    saved = {c: c.__dict__["_run"] for c in reference_classes if "_run" in c.__dict__}
-    rows = {"normkernels": [], "onnx.reference": []}
-    errors = {}
-    try:
-        for c in saved:
-            c._run = timed(c, "onnx.reference")
-        evaluators = {"normkernels": ReferenceEvaluator(model, new_ops=ours),
-                      "onnx.reference": ReferenceEvaluator(model)}
-        evaluators["normkernels"].run(None, feeds)  # compile / load the kernels
-        for _ in range(repeat):
-            for key, evaluator in evaluators.items():
-                node_seconds[key] = 0.0
-                t0 = time.perf_counter()
-                out = evaluator.run(None, feeds)[0]
-                rows[key].append((time.perf_counter() - t0, node_seconds[key]))
-                errors[key] = max_relative_error(out, expected)
-    finally:
-        for c, run in saved.items():
-            c._run = run
-    n_nodes = sum(n.op_type in nko.SUPPORTED for n in model.graph.node)
-    return {key: {"model_s": statistics.median(r[0] for r in runs),
-                  "norm_nodes_s": statistics.median(r[1] for r in runs),
-                  "max_rel_err": errors[key], "norm_nodes": n_nodes}
-            for key, runs in rows.items()}
-
-
-def environment():
-    """Where a result was measured: CPU, threads, versions."""
-    import platform
-
-    import numba
-
-    from normkernels import __version__
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    versions = {"normkernels": __version__, "numba": numba.__version__, "numpy": np.__version__,
-                "python": platform.python_version()}
-    for name in ("onnx", "onnxruntime", "torch", "openvino"):
-        try:
-            versions[name] = __import__(name).__version__
-        except ImportError:
-            pass
-    return {"cpu": cpu, "threads": numba.get_num_threads(),
-            "threading_layer": numba.threading_layer(), "versions": versions}
-
-
-COLD_START_FAMILIES = {
-    "batchnorm inference": "nk.batch_normalization(X, p, p, p, p)",
-    "batchnorm training": "nk.batch_normalization(X, p, p, p, p, training_mode=1)",
-    "instance norm": "nk.instance_normalization(X, p, p)",
-    "moments": "nk.moments(X)",
-    "oneDNN inference": "nk.batch_norm_inference(X, p, p, p, p, epsilon=1e-5, "
-                        "data_format=\"NCX\")",
-}
-
-
-def _fresh_python(code, env):
-    import json as _json
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, check=True)
-    return _json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def cold_start(shape=(8, 64, 56, 56), dtype="float32", repeat=3):
-    """Seconds of: ``import numba``; ``import normkernels`` and loading its operators
-    (which imports numba); and per operator family, the first call in a fresh process
-    with an empty kernel cache (compile) and with a warm one. Each in new processes."""
-    import os
-    import tempfile
-
-    env = dict(os.environ)
-    imports = {"import numba": "import numba",
-               "import normkernels + operators": "import normkernels; "
-                                                 "normkernels.batch_normalization"}
-    result = {}
-    for label, stmt in imports.items():
-        code = ("import time, json; t = time.perf_counter(); " + stmt +
-                "; print(json.dumps(time.perf_counter() - t))")
-        result[label] = statistics.median(_fresh_python(code, env) for _ in range(repeat))
-    for family, call in COLD_START_FAMILIES.items():
-        with tempfile.TemporaryDirectory() as cache:
-            code = (
-                "import time, json, numpy as np, ml_dtypes\n"
-                "import normkernels as nk\n"
-                f"X = np.ones({tuple(shape)!r}, {dtype!r})\n"
-                f"p = np.ones({shape[1]}, 'float32')\n"
-                "t = time.perf_counter()\n"
-                f"{call}\n"
-                "print(json.dumps(time.perf_counter() - t))\n")
-            run_env = dict(env, NUMBA_CACHE_DIR=cache)
-            result[f"{family}: first call, empty cache"] = _fresh_python(code, run_env)
-            result[f"{family}: first call, warm cache"] = statistics.median(
-                _fresh_python(code, run_env) for _ in range(repeat))
-    return result

@@ -1,9 +1,12 @@
 """``normkernels bench | info | warmup``: the command line."""
 
 import argparse
+import functools
 import json
 import sys
 import time
+
+from normkernels.operators import OPERATORS, YARDSTICK
 
 
 def _format_table(rows, headers):
@@ -102,7 +105,7 @@ def _plot(results, peers, path):
 def _workloads(args, benchmarks):
     if args.op or args.shape or args.dtype or args.layout or args.mode:
         shape = tuple(int(v) for v in (args.shape or "32,64,112,112").split(","))
-        return [benchmarks.custom_workload(args.op or "batchnorm", args.mode or "inference",
+        return [benchmarks.custom_workload(args.op or YARDSTICK, args.mode or "inference",
                                            shape, args.dtype or "float32",
                                            args.layout or "NCX")]
     names = list(args.workload or [])
@@ -117,13 +120,14 @@ def _workloads(args, benchmarks):
 def cmd_bench(args):
     import numba
 
-    from normkernels import benchmarks
+    from normkernels import benchmarks, model_timing
 
     if args.list:
         for suite, names in benchmarks.SUITES.items():
             print(f"suite {suite}: {' '.join(names)}")
         for w in benchmarks.WORKLOADS:
-            print(f"{w.name:30s} {w.op:20s} {w.dtype:9s} {w.data_format} {w.layout_shape}")
+            print(f"{w.name:30s} {w.op:20s} {w.mode:9s} {w.dtype:9s} {w.data_format} "
+                  f"{w.layout_shape}")
         return 0
     if args.threads:
         numba.set_num_threads(args.threads)
@@ -160,7 +164,7 @@ def cmd_bench(args):
     for (peer, reason), names in skipped.items():
         where = "all workloads" if len(names) == len(results) else ", ".join(names)
         print(f"skipped {peer} ({where}): {reason}")
-    meta = benchmarks.environment()
+    meta = model_timing.environment()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**meta, "peers": peers, "results": results}, f, indent=2)
@@ -174,7 +178,7 @@ def cmd_bench(args):
 
 def cmd_onnx(args):
     """Time light-zoo models under onnx.reference with and without normkernels."""
-    from normkernels import benchmarks
+    from normkernels import model_timing
 
     try:
         import onnx  # noqa: F401
@@ -184,7 +188,7 @@ def cmd_onnx(args):
         return 2
     rows = []
     for name in args.model or ["resnet50"]:
-        result = benchmarks.evaluator_timing(name, repeat=args.repeat)
+        result = model_timing.evaluator_timing(name, repeat=args.repeat)
         ours, ref = result["normkernels"], result["onnx.reference"]
         for key, r in result.items():
             rows.append([name, key, r["norm_nodes"], f"{r['model_s']:.3f}",
@@ -198,10 +202,10 @@ def cmd_onnx(args):
 
 def cmd_coldstart(args):
     """Import time and first-call times (empty and warm kernel cache), fresh processes."""
-    from normkernels import benchmarks
+    from normkernels import model_timing
 
     shape = tuple(int(v) for v in args.shape.split(","))
-    result = benchmarks.cold_start(shape, args.dtype, repeat=args.repeat)
+    result = model_timing.cold_start(shape, args.dtype, repeat=args.repeat)
     rows = [[label, f"{seconds * 1e3:.0f}"] for label, seconds in result.items()]
     extra = result["import normkernels + operators"] - result["import numba"]
     rows.append(["normkernels operators over import numba", f"{extra * 1e3:.0f}"])
@@ -237,12 +241,12 @@ def cmd_info(args):
     from llvmlite import binding
 
     import normkernels
-    from normkernels.kernels import dispatch
+    from normkernels.engine import policy
 
     print(f"normkernels {normkernels.__version__}, numba {numba.__version__}, "
           f"numpy {np.__version__}, python {platform.python_version()}")
     print(f"machine: {platform.machine()}, threads: {numba.get_num_threads()}, "
-          f"streaming stores: {'yes' if dispatch.streaming_supported() else 'no'}")
+          f"streaming stores: {'yes' if policy.streaming_supported() else 'no'}")
     cpu = numba.config.CPU_NAME or binding.get_host_cpu_name()
     features = binding.get_host_cpu_features()
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512bf16",
@@ -263,46 +267,49 @@ def cmd_info(args):
     return 0
 
 
-def cmd_warmup(args):
-    """Compile (or load from the disk cache) every kernel for every dtype."""
+def warmup_calls():
+    """(dtype, operator, case, path, call) for every warmup case of every operator in
+    :data:`normkernels.operators.OPERATORS`, in every dtype the operator takes. Shapes
+    marked ``per_thread`` get two planes per thread, so the fused kernels (which need
+    at least twice as many planes as threads) are the ones compiled at any thread count."""
+    import numba
     import numpy as np
 
     from normkernels.benchmarks import DTYPES
-    from normkernels.kernels import dispatch
-    from normkernels.ops.common import fold_parameters
 
+    threads = numba.get_num_threads()
+    rng = np.random.default_rng(0)
+    calls = []
+    for name, dtype in DTYPES.items():
+        for op in OPERATORS.values():
+            for case in op.warmup if name in op.dtypes else ():
+                shape = case.ncx_shape
+                if case.per_thread:
+                    shape = (shape[0] * threads, *shape[1:])
+                ncx = np.zeros(shape, dtype)
+                X = np.moveaxis(ncx, 1, -1).copy() if case.data_format == "NXC" else ncx
+                params = op.params(rng, shape[1], dtype)
+                for path in case.paths:
+                    calls.append((name, op, case, path, functools.partial(
+                        op.call, X, params, case.mode, case.data_format, None, None, path)))
+    return calls
+
+
+def cmd_warmup(args):
+    """Compile (or load from the disk cache) every kernel for every dtype."""
+    calls = warmup_calls()
     rows = []
     start = time.perf_counter()
-
-    total = len(DTYPES) * (2 * len(dispatch.PATHS) + 2 + len(dispatch.PATHS) + 1)
-
-    def timed(name, label, path, kernel, *args):
-        _progress(len(rows), total, f"{name} {label} {path}")
+    for i, (dtype, op, case, path, call) in enumerate(calls):
+        label = f"{op.name} {case.label}"
+        _progress(i, len(calls), f"{dtype} {label} {path}")
         t0 = time.perf_counter()
-        kernel(*args)
-        rows.append([name, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
-
-    for name, dtype in DTYPES.items():
-        p = np.ones(3, np.float32)
-        m, a, b = fold_parameters(p, p, p, p, 1e-5, dtype)
-        for label, (shape, S) in {"planes": ((2, 3, 64), 64), "periodic": ((2, 3, 4), 4)}.items():
-            x = np.zeros(shape, dtype)
-            for path in dispatch.PATHS:
-                timed(name, label, path, dispatch.scale_shift, x, np.empty_like(x), 3, S,
-                      m, a, b, path)
-        timed(name, "moments planes", "parallel", dispatch.moments,
-              np.zeros((2, 3, 64), dtype), 3, 64)
-        timed(name, "moments rows", "parallel", dispatch.moments, np.zeros((2, 4, 3), dtype), 3, 1)
-        x = np.zeros((2, 3, 1024), dtype)
-        q = np.ones(1024, dtype)
-        for path in dispatch.PATHS:
-            timed(name, "instance planes", path, dispatch.instance_planes, x, np.empty_like(x),
-                  3, 1024, q[:3], q[:3], 1e-5, path)
-        timed(name, "instance rows", "parallel", dispatch.instance_rows, x, np.empty_like(x),
-              2, 1024, q, q, 1e-5)
-    _progress(total, total, f"done in {time.perf_counter() - start:.1f} s")
+        call()
+        rows.append([dtype, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
+    _progress(len(calls), len(calls), f"done in {time.perf_counter() - start:.1f} s")
     rows.append(["all", "", "", f"{(time.perf_counter() - start) * 1e3:.0f}"])
-    print(_format_table(rows, ["dtype", "kernel", "path", "ms (compile or cache load)"]))
+    print(_format_table(rows, ["dtype", "operator: kernels", "path",
+                               "ms (compile or cache load)"]))
     return 0
 
 
@@ -316,10 +323,13 @@ def main(argv=None):
                        help="a set of workloads (default: default)")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")
-    bench.add_argument("--op", choices=["batchnorm", "instancenorm", "batchnorm-inference",
-                                        "moments"],
-                       help="a custom workload: the operator (batchnorm-inference: oneDNN)")
-    bench.add_argument("--mode", choices=["inference", "training"], help="for --op batchnorm")
+    bench.add_argument("--op", choices=list(OPERATORS),
+                       help="a custom workload: the operator ("
+                            + "; ".join(f"{op.name}: {op.title}" for op in OPERATORS.values())
+                            + ")")
+    bench.add_argument("--mode", choices=sorted({m for op in OPERATORS.values()
+                                                 for m in op.modes}),
+                       help="inference (default) or training (for the operators that have it)")
     bench.add_argument("--shape", help="N,C,spatial... (e.g. 32,64,112,112)")
     bench.add_argument("--dtype", help="float32 (default), float16, bfloat16, float64")
     bench.add_argument("--layout", help="NCX (default) or NXC")

@@ -24,7 +24,9 @@ BatchNormalization.
 import numpy as np
 
 import normkernels
-from normkernels.ops.common import check_opset
+from normkernels.ops import batch_normalization as _bn
+from normkernels.ops import common
+from normkernels.ops import instance_normalization as _in
 from normkernels.ops.moments import merge
 
 _PARTIAL = np.dtype([("count", np.int64), ("mean", np.float64), ("M2", np.float64)])
@@ -51,9 +53,7 @@ def _check(X, name="X"):
 
 
 def _channel_axis(X, data_format):
-    if data_format not in ("NCX", "NXC"):
-        raise ValueError(f"normkernels.dask: data_format must be 'NCX' or 'NXC', got "
-                         f"{data_format!r}")
+    common.check_data_format("normkernels.dask", data_format)
     return 1 if data_format == "NCX" else X.ndim - 1
 
 
@@ -211,25 +211,22 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     running statistics as NumPy arrays in training).
     """
     da = _check(X)
-    opset = check_opset("normkernels.dask.batch_normalization", opset)
-    if opset < 14:
+    if _bn.version_for(opset).counts_outputs:
         raise NotImplementedError(f"normkernels.dask.batch_normalization: opset {opset!r}; "
                                   "only opsets 14 and 15 (training_mode) are supported on "
                                   "dask arrays")
+    call = _bn.prepare(opset, {"epsilon": epsilon, "momentum": momentum,
+                               "training_mode": training_mode}, data_format=data_format)
     c_axis = _channel_axis(X, data_format)
     params = [_per_channel(p, X, c_axis) for p in (scale, B, input_mean, input_var)]
-    eps = 1e-5 if epsilon is None else epsilon
-    mom = 0.9 if momentum is None else momentum
-    sample = [np.ones(1, np.dtype(p.dtype)) for p in params]  # the spec layer's checks
-    normkernels.batch_normalization(np.ones((1, 1) + (1,) * (X.ndim - 2), X.dtype), *sample,
-                                    epsilon=eps, momentum=mom, training_mode=training_mode,
-                                    opset=opset)
+    _bn.check_types(call.version, dict(zip(_bn.INPUTS, (X, *params), strict=True)))
+    eps, mom = call.epsilon, call.momentum
 
     def normalize(block, s, b, m, v, out=None):
         return normkernels.batch_normalization(block, s, b, m, v, epsilon=eps, opset=opset,
                                                data_format=data_format, out=out)
 
-    if not training_mode:
+    if not call.training:
         if out is not None:
             _write_into(out, normalize, X, c_axis, params).compute()
             return out
@@ -274,12 +271,11 @@ def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_form
     of every sample with its own statistics (``compute_statistics``: as in
     :func:`batch_normalization`)."""
     da = _check(input, "input")
+    version, label, eps = _in.prepare(opset, {"epsilon": epsilon})
     c_axis = _channel_axis(input, data_format)
-    sample = np.ones((1, 1) + (1,) * max(input.ndim - 2, 1), input.dtype)
-    normkernels.instance_normalization(sample, np.ones(1, input.dtype),
-                                       np.ones(1, input.dtype), epsilon=epsilon, opset=opset)
-    eps = 1e-5 if epsilon is None else epsilon
     params = [_per_channel(p, input, c_axis) for p in (scale, B)]
+    _in.check_types(version, label, {"input": input, "scale": params[0], "B": params[1]})
+    _in.check_rank(version, label, input.shape)
     part = _reduce(input, data_format, True, None)
     mean = part["mean"].rechunk((input.chunks[0], input.chunks[c_axis]))
     var = (part["M2"] / part["count"]).rechunk((input.chunks[0], input.chunks[c_axis]))

@@ -21,14 +21,17 @@ the spec, these follow the spec (see the README).
 """
 
 import functools
+import importlib
 
 import numpy as np
 
 from normkernels import api
+from normkernels.operators import onnx_implemented
 
-SUPPORTED = ("BatchNormalization", "InstanceNormalization")
+_OPERATORS = onnx_implemented()  # op_type -> record of normkernels.operators
+SUPPORTED = tuple(_OPERATORS)
 _DOMAINS = ("", "ai.onnx")
-LATEST_OPSET = {"BatchNormalization": 15, "InstanceNormalization": 22}
+LATEST_OPSET = {op_type: op.onnx.latest for op_type, op in _OPERATORS.items()}
 
 
 def _attributes(node):
@@ -80,31 +83,20 @@ def run_node(node, inputs, opset=None):
     attrs = _attributes(node)
     inputs = list(inputs)
     wanted = [bool(name) for name in node.output]
-    if node.op_type == "InstanceNormalization":
-        if len(inputs) != 3:
-            raise ValueError(f"InstanceNormalization: expected 3 inputs (input, scale, B), "
-                             f"got {len(inputs)}")
-        results = [api.instance_normalization(*inputs, opset=opset, **attrs)]
-    else:
-        if len(inputs) != 5:
-            raise ValueError(f"BatchNormalization: expected 5 inputs (X, scale, B, "
-                             f"input_mean, input_var), got {len(inputs)}")
-        results = _batch_normalization(inputs, attrs, opset, _requested(node))
+    op = _OPERATORS[node.op_type]
+    names = op.onnx.inputs
+    if len(inputs) != len(names):
+        raise ValueError(f"{node.op_type}: expected {len(names)} inputs ({', '.join(names)}), "
+                         f"got {len(inputs)}")
+    spec = importlib.import_module(f"normkernels.ops.{op.spec}")
+    if spec.version_for(opset).counts_outputs:  # opsets 1-9: the node's outputs count
+        attrs = dict(attrs, num_outputs=max(1, _requested(node)))
+    result = getattr(api, op.function)(*inputs, opset=opset, **attrs)
+    results = list(result) if isinstance(result, tuple) else [result]
     if len(results) < len(wanted):
         raise ValueError(f"{node.op_type}-{opset}: the node declares {len(wanted)} outputs, "
                          f"this mode produces {len(results)}")
     return [r if w else None for r, w in zip(results, wanted, strict=False)]
-
-
-def _batch_normalization(inputs, attrs, opset, n_outputs):
-    from normkernels.ops.batch_normalization import version_for
-
-    if version_for(opset).since >= 14:
-        result = api.batch_normalization(*inputs, opset=opset, **attrs)
-    else:
-        result = api.batch_normalization(*inputs, opset=opset, num_outputs=max(1, n_outputs),
-                                         **attrs)
-    return list(result) if isinstance(result, tuple) else [result]
 
 
 # --- drop-ins for the ONNX reference's NumPy helpers ---
@@ -142,7 +134,7 @@ def _model_opset(op):
 
 @functools.cache
 def reference_ops():
-    """OpRun classes ``BatchNormalization`` and ``InstanceNormalization`` for
+    """OpRun classes (one per ONNX operator of :data:`SUPPORTED`) for
     ``onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())``. They run
     each node with :func:`run_node` at the model's opset."""
     from onnx.reference.op_run import OpRun
@@ -155,6 +147,4 @@ def reference_ops():
         return tuple(np.empty(0, inputs[0].dtype) if r is None else r for r in results)
 
     namespace = {"op_domain": "", "_run": _run, "__module__": __name__}
-    batch = type("BatchNormalization", (OpRun,), dict(namespace))
-    instance = type("InstanceNormalization", (OpRun,), dict(namespace))
-    return [batch, instance]
+    return [type(op_type, (OpRun,), dict(namespace)) for op_type in SUPPORTED]

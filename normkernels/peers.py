@@ -21,8 +21,7 @@ once, outside the timing, and their Y is moved back for the check.
 
 import numpy as np
 
-EPSILON = 1e-5
-MOMENTUM = 0.9  # ONNX convention (PyTorch's momentum is 1 - this)
+from normkernels.operators import EPSILON, MOMENTUM
 
 
 class Unavailable(Exception):
@@ -51,9 +50,12 @@ def _back(workload, Y):
 
 
 def numpy_peer(workload, X, params, threads):
-    from normkernels.benchmarks import numpy_call
+    op = workload.operator
 
-    return numpy_call(workload, X, params)
+    def call():  # float16 overflows in NumPy (instance norm of 512x512): that is its result
+        with np.errstate(all="ignore"):
+            return op.formula(X, params, workload.mode, workload.channel_axis, X.dtype)
+    return call
 
 
 def _onnx_model(workload, X, params):
@@ -67,20 +69,17 @@ def _onnx_model(workload, X, params):
     def tensor(name, arr):
         return helper.make_tensor_value_info(name, types[np.dtype(arr.dtype).name], arr.shape)
 
-    x = np.ascontiguousarray(_ncx(workload, X))
-    if workload.op == "instancenorm":
-        inputs = {"X": x, "scale": params[0], "B": params[1]}
-        node = helper.make_node("InstanceNormalization", list(inputs), ["Y"], epsilon=EPSILON)
-        opset, outputs = 22, ["Y"]
-    elif workload.op in ("batchnorm", "batchnorm-training", "batchnorm-inference"):
-        inputs = dict(zip(["X", "scale", "B", "mean", "var"], [x, *params], strict=True))
-        training = workload.op == "batchnorm-training"
-        outputs = ["Y", "running_mean", "running_var"] if training else ["Y"]
-        node = helper.make_node("BatchNormalization", list(inputs), outputs, epsilon=EPSILON,
-                                momentum=MOMENTUM, training_mode=int(training))
-        opset = 15
-    else:
+    binding = workload.operator.onnx
+    if binding is None:
         raise Unavailable(f"no ONNX operator for {workload.op}")
+    x = np.ascontiguousarray(_ncx(workload, X))
+    inputs = dict(zip(binding.inputs, [x, *params], strict=True))
+    training = workload.mode == "training"
+    outputs = ["Y", "running_mean", "running_var"] if training else ["Y"]
+    attributes = workload.operator.kwargs(workload.mode, "NCX")
+    attributes.pop("data_format")
+    node = helper.make_node(binding.op_type, list(inputs), outputs, **attributes)
+    opset = binding.latest
     out_info = [tensor("Y", x)] + [tensor(n, params[2]) for n in outputs[1:]]
     graph = helper.make_graph([node], workload.name, [tensor(n, a) for n, a in inputs.items()],
                               out_info)
@@ -134,19 +133,20 @@ def torch_peer(workload, X, params, threads):
     except ImportError:
         raise Unavailable("torch not installed (pip install torch==2.13.0)") from None
     torch.set_num_threads(threads)
-    if workload.op == "moments":
+    op = workload.operator
+    if op.torch is None:
         raise Unavailable("no torch counterpart")
     x = _to_torch(torch, X)
     if workload.data_format == "NXC" and X.ndim > 2:
         x = x.movedim(-1, 1)  # NCHW logically, channels_last in memory: no copy
     p = [_to_torch(torch, np.asarray(v)) for v in params]
-    if workload.op == "instancenorm":
+    if op.torch == "instance_norm":
         def run():
             with torch.no_grad():
                 y = F.instance_norm(x, weight=p[0], bias=p[1], eps=EPSILON)
             return y
     else:
-        training = workload.op == "batchnorm-training"
+        training = workload.mode == "training"
         if X.ndim > 1 and p[0].dtype != x.dtype and x.dtype != torch.float32:
             p = [v.to(torch.float32) for v in p]  # torch: 16-bit X takes float parameters
         rm, rv = p[2].clone(), p[3].clone()

@@ -1,18 +1,20 @@
 """Slow twins: the operators with NumPy loops instead of Numba kernels.
 
-They share the spec layer (argument checks, parameter folding, layouts) with the
-public functions. Read them as the statement of what is computed; the tests compare
+They share the spec layer (argument checks, the rules of parameter folding,
+layouts) with the public functions and run on :class:`NumPyEngine`, which uses NumPy
+only. Read them as the statement of what is computed; the tests compare
 the kernels against them and both against an independent float64 oracle written
 from the specs.
 
 What is bit-identical to the kernels:
 
 * Everything after the statistics: the normalize pass (every path, layout and dtype,
-  rounding of 16-bit outputs included) and the folding of the parameters. Inference
-  results are bit-identical; so are training and instance-normalization results
+  rounding of 16-bit outputs included) and the folding of the parameters. So
+  inference results (BatchNormalization in inference mode, BatchNormInference) are
+  bit-identical; training and instance-normalization results are bit-identical
   when the twin is given the kernels' statistics (``normalize_planes``,
-  ``normalize_rows``, and ``moments`` swapped for the kernels'; tests/test_paths.py
-  does this on every route).
+  ``normalize_rows``, and ``channel_moments`` swapped for the kernels';
+  tests/test_paths.py does this on every route).
 * Not the statistics: the twin takes float64 two-pass means and sums of squares
   (NumPy's pairwise sums), the kernels blocked one-pass shifted sums merged with
   Chan's formula (float32 runs for 16-bit X). Both are within the accuracy the
@@ -21,72 +23,79 @@ What is bit-identical to the kernels:
   tests check for each against the float64 oracle.
 """
 
-import sys
-
 import numpy as np
 
-from normkernels.kernels.storage import compute_dtype
+from normkernels.engine import Engine
+from normkernels.kernels.storage import FLOAT64, compute_dtype
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import common
 from normkernels.ops import instance_normalization as _in
+from normkernels.ops import moments as _moments
 
 
-def scale_shift(x, y, C, S, mean, a, b, path=None):
-    """NumPy twin of :func:`normkernels.kernels.dispatch.scale_shift`."""
-    cd = compute_dtype(x.dtype)
-    with np.errstate(all="ignore"):  # IEEE results (inf, NaN), as the kernels give
-        xv = x.reshape(-1, C, S).astype(cd)
-        result = (xv - mean[:, None]) * a[:, None] + b[:, None]
-        y.reshape(-1, C, S)[...] = result.astype(y.dtype)
+class NumPyEngine(Engine):
+    """:class:`normkernels.engine.Engine` in NumPy (``path`` is accepted and has no
+    effect: there is one way to run here)."""
+
+    name = "numpy"
+
+    def fold_scale(self, scale, var, epsilon, a):
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN), as the kernels give
+            a[...] = scale.astype(FLOAT64) / np.sqrt(var.astype(FLOAT64) + epsilon)
+
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None):
+        cd = compute_dtype(x.dtype)
+        with np.errstate(all="ignore"):
+            xv = x.reshape(-1, C, S).astype(cd)
+            result = (xv - mean[:, None]) * a[:, None] + b[:, None]
+            y.reshape(-1, C, S)[...] = result.astype(y.dtype)
+
+    def channel_moments(self, x, C, S, path=None):
+        """Per-channel ``(count, mean, M2)`` in float64 by two passes (pairwise sums);
+        not bit-identical to the kernels (see the module docstring)."""
+        per_channel = np.ascontiguousarray(
+            x.reshape(-1, C, S).astype(np.float64).transpose(1, 0, 2)).reshape(C, -1)
+        count = np.full(C, per_channel.shape[1], np.int64)
+        with np.errstate(all="ignore"):
+            mean = per_channel.mean(axis=1) if count[0] else np.zeros(C)
+            m2 = ((per_channel - mean[:, None]) ** 2).sum(axis=1)
+        return count, mean, m2
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
+        planes = x.reshape(-1, S).astype(np.float64)
+        with np.errstate(all="ignore"):
+            mean = planes.mean(axis=1)
+            m2 = ((planes - mean[:, None]) ** 2).sum(axis=1)
+        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self)
+        return mean, m2
+
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
+        # (n, c) planes made contiguous: NumPy sums pairwise only along the last axis
+        planes = np.ascontiguousarray(
+            x.reshape(N, -1, C).astype(np.float64).transpose(0, 2, 1))
+        with np.errstate(all="ignore"):
+            mean = planes.mean(axis=2)
+            m2 = ((planes - mean[:, :, None]) ** 2).sum(axis=2)
+        mean, m2 = mean.reshape(-1), m2.reshape(-1)
+        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self)
+        return mean, m2
 
 
-def moments(x, C, S):
-    """NumPy twin of :func:`normkernels.kernels.dispatch.moments`: per-channel
-    ``(count, mean, M2)`` in float64 by two passes (pairwise sums); not bit-identical
-    to the kernels (see the module docstring)."""
-    per_channel = np.ascontiguousarray(
-        x.reshape(-1, C, S).astype(np.float64).transpose(1, 0, 2)).reshape(C, -1)
-    count = np.full(C, per_channel.shape[1], np.int64)
-    with np.errstate(all="ignore"):
-        mean = per_channel.mean(axis=1) if count[0] else np.zeros(C)
-        m2 = ((per_channel - mean[:, None]) ** 2).sum(axis=1)
-    return count, mean, m2
+ENGINE = NumPyEngine()
 
 
-def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
-    """NumPy twin of :func:`normkernels.kernels.dispatch.instance_planes`."""
-    planes = x.reshape(-1, S).astype(np.float64)
-    with np.errstate(all="ignore"):
-        mean = planes.mean(axis=1)
-        m2 = ((planes - mean[:, None]) ** 2).sum(axis=1)
-    normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2)
-    return mean, m2
-
-
-def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2):
+def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE):
     """Y of NCX instance normalization from the per-plane ``mean`` and ``m2``."""
-    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S)
-    scale_shift(x, y, mean.size, S, m, a, b)
+    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S, engine)
+    engine.scale_shift(x, y, mean.size, S, m, a, b)
 
 
-def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
-    """NumPy twin of :func:`normkernels.kernels.dispatch.instance_rows`."""
-    # (n, c) planes made contiguous: NumPy sums pairwise only along the last axis
-    planes = np.ascontiguousarray(x.reshape(N, -1, C).astype(np.float64).transpose(0, 2, 1))
-    with np.errstate(all="ignore"):
-        mean = planes.mean(axis=2)
-        m2 = ((planes - mean[:, :, None]) ** 2).sum(axis=2)
-    mean, m2 = mean.reshape(-1), m2.reshape(-1)
-    normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2)
-    return mean, m2
-
-
-def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2):
+def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE):
     """Y of NXC instance normalization from the per-(n, c) ``mean`` and ``m2``
     (flat, ``n * C + c``)."""
     R = x.size // (N * C)
-    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, R)
+    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, R, engine)
     with np.errstate(all="ignore"):
         xv = x.reshape(N, R, C).astype(compute_dtype(x.dtype))
         shape = (N, 1, C)
@@ -94,28 +103,34 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2):
         y.reshape(N, R, C)[...] = result.astype(y.dtype)
 
 
-def _instance_parameters(x, scale, B, epsilon, mean, m2, count):
+def _instance_parameters(x, scale, B, epsilon, mean, m2, count, engine):
     reps = mean.size // scale.size
     return common.fold_parameters(np.tile(scale, reps), np.tile(B, reps), mean, m2 / count,
-                                  epsilon, x.dtype)
-
-
-_ENGINE = sys.modules[__name__]
+                                  epsilon, x.dtype, engine)
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, **attributes):
     """Slow twin of :func:`normkernels.batch_normalization` (same arguments)."""
-    return _bn.batch_normalization(X, scale, B, input_mean, input_var, engine=_ENGINE,
+    return _bn.batch_normalization(X, scale, B, input_mean, input_var, engine=ENGINE,
                                    **attributes)
 
 
 def batch_norm_inference(input, gamma, beta, mean, variance, **attributes):
     """Slow twin of :func:`normkernels.batch_norm_inference` (same arguments)."""
-    return _bni.batch_norm_inference(input, gamma, beta, mean, variance, engine=_ENGINE,
+    return _bni.batch_norm_inference(input, gamma, beta, mean, variance, engine=ENGINE,
                                      **attributes)
-
 
 
 def instance_normalization(input, scale, B, **attributes):
     """Slow twin of :func:`normkernels.instance_normalization` (same arguments)."""
-    return _in.instance_normalization(input, scale, B, engine=_ENGINE, **attributes)
+    return _in.instance_normalization(input, scale, B, engine=ENGINE, **attributes)
+
+
+def moments(X, *, data_format="NCX"):
+    """Slow twin of :func:`normkernels.moments`."""
+    return _moments.statistics(X, data_format, ENGINE)
+
+
+def partial_moments(X, *, data_format="NCX"):
+    """Slow twin of :func:`normkernels.partial_moments`."""
+    return _moments.partial_statistics(X, data_format, ENGINE)

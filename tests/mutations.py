@@ -10,7 +10,7 @@ unmutated copy first (they must pass), then for each mutation applies it, runs t
 same tests (``pytest -x``) and reports the first test that fails. A mutation whose
 tests still pass *survived*: the suite has a hole. A replacement whose text is not
 found fails the run, so the list is kept in step with the code: after changing a
-kernel, a dispatch path or a test, run this and mend the list (a new path gets its
+kernel, an engine path or a test, run this and mend the list (a new path gets its
 planted bug too). Not run in CI (it recompiles the kernels for every mutation of a
 kernel source).
 """
@@ -57,10 +57,13 @@ def mutation(name, what, edits, tests):
 
 ELEMENTS = "normkernels/kernels/elements.py"
 VECTORS = "normkernels/kernels/vectors.py"
-MOMENTS_K = "normkernels/kernels/moments.py"
+MOMENTS_K = "normkernels/kernels/statistics.py"
 INSTANCE_K = "normkernels/kernels/instance.py"
 SCALE_SHIFT = "normkernels/kernels/scale_shift.py"
-DISPATCH = "normkernels/kernels/dispatch.py"
+ENGINE = "normkernels/engine/numba_engine.py"
+POLICY = "normkernels/engine/policy.py"
+THREADS = "normkernels/engine/threads.py"
+TWIN = "normkernels/reference.py"
 FOLD = "normkernels/kernels/fold.py"
 COMMON = "normkernels/ops/common.py"
 BN_SPEC = "normkernels/ops/batch_normalization.py"
@@ -107,7 +110,7 @@ MUTATIONS = [
              ["tests/test_kernels.py", "-k", "subnormal"]),
     mutation("per-sample-parameters-mixed", "NXC instance norm, one call per sample: every "
              "sample normalized with sample 0's parameters", [
-                 (DISPATCH, "cs = slice(n * C, (n + 1) * C)", "cs = slice(0, C)")], INSTANCE),
+                 (ENGINE, "cs = slice(n * C, (n + 1) * C)", "cs = slice(0, C)")], INSTANCE),
     mutation("rows-sample-parameters-mixed", "NXC instance norm, one launch: every sample "
              "with sample 0's parameters", [
                  (INSTANCE_K, "        mn = m[n * C:(n + 1) * C]\n", "        mn = m[0:C]\n")],
@@ -138,10 +141,8 @@ MUTATIONS = [
                  (FOLD, "b[i] = B - (mean - np.float64(m[i])) * a64", "b[i] = B")], INSTANCE),
     mutation("merge-order-by-threads", "row blocks sized by the thread count, so the "
              "statistics' merge order depends on it", [
-                 (DISPATCH, "rows_per_block = max(reductions.MIN_ROWS_PER_BLOCK, "
-                  "reductions.ROW_BLOCK_ELEMENTS // tile)",
-                  "rows_per_block = max(reductions.MIN_ROWS_PER_BLOCK, "
-                  "reductions.ROW_BLOCK_ELEMENTS // tile // numba.get_num_threads())")],
+                 (POLICY, "ROW_BLOCK_ELEMENTS // min(width, column_tile))",
+                  "ROW_BLOCK_ELEMENTS // min(width, column_tile) // numba.get_num_threads())")],
              ["tests/test_training.py", "-k", "thread_count"]),
     mutation("merge-planes-reversed", "plane chunks merged last to first on the split "
              "path (the fused path merges them in order)", [
@@ -174,13 +175,22 @@ MUTATIONS = [
         (COMMON, "        np.copyto(out, y)\n        return out", "        return out")], BN),
     mutation("fork-guard-off", "a child forked after GNU OpenMP ran launches parallel "
              "kernels", [
-                 (DISPATCH, "    return not _forked_from_openmp", "    return True")],
+                 (THREADS, "    return not _forked_from_openmp", "    return True")],
              ["tests/test_reliability.py", "-k", "child_processes"]),
     mutation("launch-guard-off", "parallel launches not serialised under the workqueue "
              "layer", [
-                 (DISPATCH, 'return _LAUNCH_LOCK if _layer == "workqueue" else',
-                  "return contextlib.nullcontext() if True else")],
+                 (THREADS, 'return _LAUNCH_LOCK if _layer == "workqueue" else _NO_GUARD',
+                  "return _NO_GUARD")],
              ["tests/test_reliability.py", "-k", "threading_layer and workqueue"]),
+    mutation("statistics-path-ignored", "the statistics run their parallel kernels on the "
+             "serial path (in a forked child too)", [
+                 (ENGINE, 'path = "serial" if policy.resolve_path(xs, path) == "serial" '
+                  'else "parallel"', 'path = "parallel"')],
+             ["tests/test_paths.py", "-k", "moments"]),
+    mutation("twin-fold-epsilon", "the NumPy twin folds a = scale / sqrt(var), without "
+             "epsilon", [
+                 (TWIN, "np.sqrt(var.astype(FLOAT64) + epsilon)", "np.sqrt(var.astype(FLOAT64))")],
+             ["tests/test_paths.py", "-k", "twin and bn"]),
     mutation("streaming-hint-dropped", "streaming kernels emit ordinary stores", [
         (VECTORS, '        store.set_metadata("nontemporal", hint)\n', "")],
              ["tests/test_kernels.py", "-k", "non_temporal"]),

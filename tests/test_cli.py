@@ -1,11 +1,16 @@
 """The command line and the benchmark harness run, on the shared workload table."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 
-from normkernels import benchmarks, cli
+from normkernels import benchmarks, cli, model_timing
+from normkernels.operators import OPERATORS
 
 
 def test_workload_table_runs_and_agrees_with_numpy():
@@ -16,13 +21,41 @@ def test_workload_table_runs_and_agrees_with_numpy():
     assert result["max_rel_err"]["normkernels"] < 1e-6
 
 
-def test_every_op_of_the_table_runs_on_a_small_tensor():
-    for op in ("batchnorm-training", "moments", "batchnorm-inference", "instancenorm"):
-        w = benchmarks.Workload(f"small-{op}", op, (2, 3, 8, 8), "float32", "NXC")
-        result = benchmarks.run_workload(w, repeat=1)
-        assert result["max_rel_err"]["normkernels"] < 1e-5
-        assert result["max_rel_err"]["numpy"] < 1e-5
-        assert ("over_inference" in result) == (op in ("batchnorm-training", "instancenorm"))
+@pytest.mark.parametrize("op,mode", [(op.name, mode) for op in OPERATORS.values()
+                                     for mode in op.modes])
+def test_every_operator_and_mode_of_the_table_runs_on_a_small_tensor(op, mode):
+    w = benchmarks.Workload(f"small-{op}-{mode}", op, (2, 3, 8, 8), "float32", "NXC", mode)
+    result = benchmarks.run_workload(w, repeat=1)
+    assert result["max_rel_err"]["normkernels"] < 1e-5
+    assert result["max_rel_err"]["numpy"] < 1e-5
+    assert ("over_inference" in result) == (mode in OPERATORS[op].over_inference)
+
+
+def test_warmup_compiles_the_fused_instance_kernels_at_any_thread_count():
+    """With 4 threads, warmup's instance-norm case still takes the fused paths (they
+    need twice as many planes as threads), and its progress total is its call count."""
+    code = textwrap.dedent("""
+        import numba
+        from normkernels import cli
+        from normkernels.engine import policy
+        assert numba.get_num_threads() == 4
+        taken = []
+        policy._trace = taken.append
+        calls = cli.warmup_calls()
+        for *_, call in calls:
+            call()
+        fused = {r for r in taken if r.startswith("instance_planes/fused/")}
+        print(sorted(fused), len(calls))
+    """)
+    env = {**os.environ, "NUMBA_NUM_THREADS": "4"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, check=True)
+    fused, count = done.stdout.strip().rsplit(" ", 1)
+    assert fused == str(sorted(f"instance_planes/fused/{p}"
+                               for p in ("parallel", "serial", "streaming")))
+    cases = sum(len(c.paths) for op in OPERATORS.values() for c in op.warmup
+                for d in benchmarks.DTYPES if d in op.dtypes)
+    assert int(count) == cases
 
 
 def test_workload_inputs_match_their_description():
@@ -69,14 +102,17 @@ def test_bench_custom_workload_with_every_output(tmp_path, capsys):
         assert not files["png"].exists()
 
 
-@pytest.mark.parametrize("op,layout,dtype", [
-    ("batchnorm", "NCX", "float32"), ("batchnorm", "NXC", "float16"),
-    ("batchnorm-training", "NXC", "float32"), ("instancenorm", "NCX", "float32"),
-    ("instancenorm", "NXC", "bfloat16"), ("batchnorm-inference", "NXC", "bfloat16"),
-    ("moments", "NCX", "float64")])
-def test_peers_compute_the_same_thing(op, layout, dtype):
+PEER_CASES = [(op.name, mode, layout, dtype) for op in OPERATORS.values()
+              for mode in op.modes for layout in benchmarks.LAYOUTS
+              for dtype in ("float32", "bfloat16" if layout == "NXC" else "float16")
+              if dtype in op.dtypes and (mode != "training" or dtype == "float32")]
+# (training in 16 bits: the ONNX reference's statistics are 16-bit sums, far off)
+
+
+@pytest.mark.parametrize("op,mode,layout,dtype", PEER_CASES)
+def test_peers_compute_the_same_thing(op, mode, layout, dtype):
     """Every installed peer's Y agrees with normkernels' (the adapters are right)."""
-    w = benchmarks.Workload(f"small-{op}", op, (4, 3, 6, 5), dtype, layout)
+    w = benchmarks.Workload(f"small-{op}", op, (4, 3, 6, 5), dtype, layout, mode)
     result = benchmarks.run_workload(w, repeat=1, warmup=0, peers=list(cli.PEER_ORDER))
     assert "numpy" in result["ratios"]
     for peer in result["ratios"]:
@@ -98,14 +134,15 @@ def test_onnx_command_times_a_light_model(capsys):
     assert cli.main(["onnx", "--model", "shufflenet", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "onnx.reference" in out and "speedup" in out
-    result = benchmarks.evaluator_timing("shufflenet", repeat=1)
+    result = model_timing.evaluator_timing("shufflenet", repeat=1)
     assert result["normkernels"]["norm_nodes"] == 49
     assert result["normkernels"]["max_rel_err"] < 1e-5
 
 
 def test_coldstart_measures_fresh_processes(monkeypatch, capsys):
-    monkeypatch.setattr(benchmarks, "COLD_START_FAMILIES",
-                        {"moments": benchmarks.COLD_START_FAMILIES["moments"]})
+    family = next(iter(model_timing.COLD_START_FAMILIES))
+    monkeypatch.setattr(model_timing, "COLD_START_FAMILIES",
+                        {family: model_timing.COLD_START_FAMILIES[family]})
     assert cli.main(["coldstart", "--shape", "2,3,8,8", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert "moments: first call, empty cache" in out and "import numba" in out
+    assert f"{family}: first call, empty cache" in out and "import numba" in out

@@ -371,6 +371,8 @@ def bn_model(X, params, attrs, opset, fmt, num_outputs=None, saved_var="variance
     else:
         for name in given.keys() - BN_ATTRIBUTES[since]:
             bad.add(name, TypeError)
+        if since == 1 and "consumed_inputs" not in given:  # required by the schema
+            bad.add("consumed_inputs", TypeError)
     fmt_ok = fmt in FORMATS
     if not fmt_ok:
         bad.add("data_format", ValueError)

@@ -8,7 +8,8 @@ from oracle import assert_close, instance_norm, instance_tolerance
 
 import normkernels as nk
 from normkernels import reference
-from normkernels.kernels import dispatch
+from normkernels.engine import policy
+from normkernels.engine.numba_engine import ENGINE
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-5
@@ -181,9 +182,9 @@ def test_paths_are_bitwise_identical(rng, dtype, ncx_shape, monkeypatch):
     results = []
     for path, max_fused in [("serial", 1 << 40), ("parallel", 1 << 40),
                             ("streaming", 1 << 40), ("parallel", 0), ("streaming", 0)]:
-        monkeypatch.setattr(dispatch, "FUSED_MAX_PLANE_BYTES", max_fused)
+        monkeypatch.setattr(policy, "FUSED_MAX_PLANE_BYTES", max_fused)
         Y = np.empty_like(X)
-        stats = dispatch.instance_planes(X, Y, ncx_shape[1], S, scale, B, EPS, path)
+        stats = ENGINE.instance_planes(X, Y, ncx_shape[1], S, scale, B, EPS, path)
         results.append((Y, stats))
     for Y, (mean, m2) in results[1:]:
         assert_identical(Y, results[0][0])

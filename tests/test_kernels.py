@@ -12,7 +12,9 @@ from arrays import FLOAT_IDS, FLOATS, assert_identical, random_params
 from numba import njit
 
 from normkernels import reference
-from normkernels.kernels import dispatch, scale_shift
+from normkernels.engine import PATHS, policy
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.kernels import scale_shift
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.storage import BFLOAT16, FLOAT16, storage_view
 from normkernels.ops import batch_normalization as bn_spec
@@ -47,7 +49,7 @@ def wide_range_tensor(rng, shape, dtype):
 
 def run_path(X, params, data_format, path, out=None):
     return bn_spec.batch_normalization(X, *params, data_format=data_format, epsilon=0.0,
-                                       out=out, engine=dispatch, path=path)
+                                       out=out, engine=ENGINE, path=path)
 
 
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
@@ -58,7 +60,7 @@ def test_paths_give_identical_results(rng, dtype, case):
     X = wide_range_tensor(rng, shape, dtype)
     params = random_params(rng, C, (dtype,) * 4)
     expected = reference.batch_normalization(X, *params, data_format=data_format, epsilon=0.0)
-    for path in dispatch.PATHS:
+    for path in PATHS:
         assert_identical(run_path(X, params, data_format, path), expected)
         unaligned = np.empty(X.size + 1, dtype)[1:].reshape(shape)
         run_path(X, params, data_format, path, out=unaligned)
@@ -107,7 +109,7 @@ def _uncached_asm(kernel, *args):
     return "\n".join(fresh.inspect_asm().values())
 
 
-@pytest.mark.skipif(not dispatch.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
 def test_streaming_kernels_emit_non_temporal_stores(dtype):
     """LLVM has dropped the non-temporal hint before (16-bit stores folded into
@@ -137,8 +139,8 @@ def test_import_compiles_nothing():
         assert "numba" not in sys.modules, "import normkernels loaded numba"
         normkernels.batch_normalization  # loads the API, still compiles nothing
         from numba.core.dispatcher import Dispatcher
-        from normkernels.kernels import fold, instance, moments, scale_shift
-        kernels = [k for m in (scale_shift, fold, moments, instance) for k in vars(m).values()
+        from normkernels.kernels import fold, instance, scale_shift, statistics
+        kernels = [k for m in (scale_shift, fold, statistics, instance) for k in vars(m).values()
                    if isinstance(k, Dispatcher)]
         assert len(kernels) > 30, len(kernels)
         print(sum(len(k.signatures) for k in kernels))
@@ -195,5 +197,5 @@ def test_subnormal_results_round_exactly(rng, dtype, case, scale):
         values = expected.astype(np.float64)
         assert ((values != 0) & (np.abs(values) < np.finfo(np.float32).tiny)).sum() > 1000 \
             or dtype == np.float16
-    for path in dispatch.PATHS:
+    for path in PATHS:
         assert_identical(run_path(X, params, data_format, path), expected)

@@ -1,13 +1,13 @@
 """Every execution path of every operator against the float64 oracle.
 
-The dispatcher names each way a call can run (``dispatch.ROUTES``) and reports the
+The Numba engine names each way a call can run (``policy.ROUTES``) and reports the
 routes it takes. Each case below forces one or more routes (by ``path=``, by shape, by
-a dispatch threshold, or as a forked child running one-thread twins), checks that
+a policy threshold, or as a forked child running one-thread twins), checks that
 the routes were really taken, and compares every output with the oracle, on data
 with different statistics per sample and channel (a mix-up of samples or channels
 is far outside the tolerance). ``test_every_route_has_a_case`` and
 ``test_every_kernel_has_a_case`` fail when a route or a kernel launched by the
-dispatcher has no case, so a path added later cannot go untested.
+engine has no case, so a path added later cannot go untested.
 """
 
 import ast
@@ -31,10 +31,12 @@ from oracle import (
 )
 
 from normkernels import reference
-from normkernels.kernels import dispatch
+from normkernels.engine import PATHS, policy, threads
+from normkernels.engine import numba_engine as engine_module
+from normkernels.engine.numba_engine import ENGINE
 from normkernels.kernels import instance as instance_kernels
-from normkernels.kernels import moments as moments_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
+from normkernels.kernels import statistics as statistics_kernels
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import instance_normalization as in_spec
@@ -42,7 +44,7 @@ from normkernels.ops import moments as moments_spec
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-3
-KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": moments_kernels,
+KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
                   "instance": instance_kernels}
 
 
@@ -54,7 +56,7 @@ class Case:
     routes: frozenset  # routes the case must take
     path: str = None
     forked: bool = False  # run as a child forked after GNU OpenMP ran
-    patch: dict = field(default_factory=dict)  # dispatch thresholds for this case
+    patch: dict = field(default_factory=dict)  # policy thresholds for this case
 
 
 def case(op, shape, fmt, routes, **kw):
@@ -67,9 +69,9 @@ PER_SAMPLE = {"SAMPLE_CALL_MIN_ELEMENTS": 1}
 CASES = {
     # BatchNormalization inference: the normalize loops
     **{f"bn-planes-{p}": case("bn", (2, 3, 9, 11), "NCX", [f"scale_shift/planes/{p}"], path=p)
-       for p in dispatch.PATHS},
+       for p in PATHS},
     **{f"bn-periodic-{p}": case("bn", (2, 3, 9, 11), "NXC", [f"scale_shift/periodic/{p}"],
-                                path=p) for p in dispatch.PATHS},
+                                path=p) for p in PATHS},
     "bn-periodic-short-ncx-planes": case("bn", (3, 5, 3, 3), "NCX",
                                          ["scale_shift/periodic/parallel"], path="parallel"),
     "bn-short-planes-serial": case("bn", (3, 5, 3, 3), "NCX",
@@ -90,36 +92,43 @@ CASES = {
                                    ["scale_shift/planes/parallel"], path="parallel"),
     # training: batch statistics by planes (long planes) or rows (NXC, short planes)
     "training-planes": case("training", (2, 3, 24, 24), "NCX",
-                            ["moments/planes", "scale_shift/planes/parallel"], path="parallel"),
+                            ["moments/planes/parallel", "scale_shift/planes/parallel"],
+                            path="parallel"),
     "training-planes-chunks": case("training", (1, 2, 300, 300), "NCX",  # 2 chunks a plane
-                                   ["moments/planes", "scale_shift/planes/streaming"],
+                                   ["moments/planes/parallel", "scale_shift/planes/streaming"],
                                    path="streaming"),
     "training-rows-short-planes": case("training", (40, 3, 7, 7), "NCX",
-                                       ["moments/rows", "scale_shift/planes/serial"],
+                                       ["moments/rows/serial", "scale_shift/planes/serial"],
                                        path="serial"),
     "training-rows-nxc": case("training", (5, 3, 9, 11), "NXC",
-                              ["moments/rows", "scale_shift/periodic/streaming"],
+                              ["moments/rows/parallel", "scale_shift/periodic/streaming"],
                               path="streaming"),
     "training-rows-wide": case("training", (33, 7, 5, 3), "NXC",  # rows widened to 63 + rest
-                               ["moments/rows", "scale_shift/periodic/parallel"],
+                               ["moments/rows/parallel", "scale_shift/periodic/parallel"],
                                path="parallel"),
-    "training-1d": case("training", (70001,), "NCX", ["moments/planes"]),
+    "training-1d": case("training", (70001,), "NCX", ["moments/planes/parallel"]),
     "training-planes-forked": case("training", (2, 3, 24, 24), "NCX",
-                                   ["one-thread", "moments/planes",
+                                   ["one-thread", "moments/planes/serial",
                                     "scale_shift/planes/serial"], forked=True),
     "training-rows-forked": case("training", (5, 3, 9, 11), "NXC",
-                                 ["one-thread", "moments/rows", "scale_shift/periodic/serial"],
+                                 ["one-thread", "moments/rows/serial",
+                                  "scale_shift/periodic/serial"],
                                  forked=True),
     # moments alone
-    "moments-planes": case("moments", (3, 4, 24, 24), "NCX", ["moments/planes"]),
-    "moments-rows": case("moments", (3, 24, 24, 4), "NXC", ["moments/rows"]),
-    "moments-rows-forked": case("moments", (40, 3, 7, 7), "NCX", ["one-thread", "moments/rows"],
+    "moments-planes-serial": case("moments", (3, 4, 24, 24), "NCX", ["moments/planes/serial"]),
+    "moments-planes-parallel": case("moments", (3, 4, 24, 24), "NCX",
+                                    ["moments/planes/parallel"], path="streaming"),
+    "moments-rows-serial": case("moments", (3, 24, 24, 4), "NXC", ["moments/rows/serial"]),
+    "moments-rows-parallel": case("moments", (3, 24, 24, 4), "NXC", ["moments/rows/parallel"],
+                                  path="parallel"),
+    "moments-rows-forked": case("moments", (40, 3, 7, 7), "NCX",
+                                ["one-thread", "moments/rows/serial"], path="parallel",
                                 forked=True),
     # instance normalization, NCX: fused per plane, or split (planes too small, too
     # large or too few), and NXC: one launch or a call per sample
     **{f"instance-fused-{p}": case("instance", (4, 3, 24, 24), "NCX",
                                    [f"instance_planes/fused/{p}"], path=p)
-       for p in dispatch.PATHS},
+       for p in PATHS},
     "instance-fused-short-serial": case("instance", (2, 3, 5, 5), "NCX",
                                         ["instance_planes/fused-short/serial"], path="serial"),
     "instance-fused-short-parallel": case("instance", (2, 3, 5, 5), "NCX",
@@ -131,8 +140,11 @@ CASES = {
     "instance-split-chunks": case("instance", (1, 2, 300, 300), "NCX",
                                   ["instance_planes/split", "scale_shift/planes/streaming"],
                                   path="streaming"),
-    "instance-rows-one-launch": case("instance", (3, 4, 9, 11), "NXC",
-                                     ["instance_rows/one-launch"]),
+    "instance-rows-one-launch-serial": case("instance", (3, 4, 9, 11), "NXC",
+                                            ["instance_rows/one-launch/serial"]),
+    "instance-rows-one-launch-parallel": case("instance", (3, 4, 9, 11), "NXC",
+                                              ["instance_rows/one-launch/parallel"],
+                                              path="streaming"),
     "instance-rows-per-sample": case("instance", (3, 4, 9, 11), "NXC",
                                      ["instance_rows/per-sample",
                                       "scale_shift/periodic/streaming"],
@@ -141,7 +153,8 @@ CASES = {
                                   ["one-thread", "instance_planes/fused/serial"],
                                   path="parallel", forked=True),
     "instance-rows-forked": case("instance", (3, 4, 9, 11), "NXC",
-                                 ["one-thread", "instance_rows/one-launch"], forked=True),
+                                 ["one-thread", "instance_rows/one-launch/serial"],
+                                 forked=True),
     "instance-rows-per-sample-forked": case("instance", (3, 4, 9, 11), "NXC",
                                             ["one-thread", "instance_rows/per-sample",
                                              "scale_shift/periodic/serial"],
@@ -174,7 +187,7 @@ def data(rng, case, dtype):
     return X.astype(dtype), params
 
 
-def run(case, X, params, dtype, engine=dispatch):
+def run(case, X, params, dtype, engine=ENGINE):
     """The case's operator through its spec layer with ``engine`` (the Numba kernels
     by default)."""
     kw = dict(data_format=case.data_format, engine=engine, path=case.path)
@@ -191,7 +204,7 @@ def run(case, X, params, dtype, engine=dispatch):
     if case.op == "instance":
         p = [v.astype(dtype) for v in params[:2]]
         return in_spec.instance_normalization(X, *p, epsilon=EPS, **kw), p
-    return moments_spec.partial_statistics(X, case.data_format, engine), []
+    return moments_spec.partial_statistics(X, case.data_format, engine, path=case.path), []
 
 
 def check_with_oracle(case, X, params, result):
@@ -229,15 +242,15 @@ def _outputs(result):
 @pytest.fixture
 def routes_taken(monkeypatch):
     taken = []
-    monkeypatch.setattr(dispatch, "_trace", taken.append)
+    monkeypatch.setattr(policy, "_trace", taken.append)
     return taken
 
 
 def arrange(monkeypatch, case):
     for name, value in case.patch.items():
-        assert hasattr(dispatch, name), name
-        monkeypatch.setattr(dispatch, name, value)
-    monkeypatch.setattr(dispatch, "_forked_from_openmp", case.forked)
+        assert hasattr(policy, name), name
+        monkeypatch.setattr(policy, name, value)
+    monkeypatch.setattr(threads, "_forked_from_openmp", case.forked)
 
 
 @pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
@@ -248,11 +261,11 @@ def test_route_matches_oracle(rng, monkeypatch, routes_taken, name, dtype):
     arrange(monkeypatch, case)
     result, params = run(case, X, params, dtype)
     assert case.routes <= set(routes_taken), f"took {sorted(set(routes_taken))}"
-    assert set(routes_taken) <= set(dispatch.ROUTES), "a route missing from dispatch.ROUTES"
+    assert set(routes_taken) <= set(policy.ROUTES), "a route missing from policy.ROUTES"
     assert_identical(X, before)
     check_with_oracle(case, X, params, result)
     if case.forked:  # one-thread twins give the bits of the parallel kernels
-        monkeypatch.setattr(dispatch, "_forked_from_openmp", False)
+        monkeypatch.setattr(threads, "_forked_from_openmp", False)
         again, _ = run(case, X, params, dtype)
         for got, want in zip(_outputs(result), _outputs(again), strict=True):
             assert_identical(np.asarray(got), np.asarray(want))
@@ -286,13 +299,13 @@ def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
 
 def test_every_route_has_a_case():
     covered = set().union(*(c.routes for c in CASES.values()))
-    assert covered == set(dispatch.ROUTES), sorted(set(dispatch.ROUTES) ^ covered)
+    assert covered == set(policy.ROUTES), sorted(set(policy.ROUTES) ^ covered)
 
 
 def launched_kernels():
-    """Names of the kernels ``dispatch.py`` launches: ``loops.X``, ``reductions.X``,
+    """Names of the kernels the Numba engine launches: ``loops.X``, ``reductions.X``,
     ``instance.X`` that are Numba dispatchers."""
-    tree = ast.parse(inspect.getsource(dispatch))
+    tree = ast.parse(inspect.getsource(engine_module))
     names = set()
     for node in ast.walk(tree):
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
@@ -303,7 +316,7 @@ def launched_kernels():
 
 
 def test_every_kernel_has_a_case(monkeypatch):
-    """Each kernel the dispatcher can launch is launched by some case."""
+    """Each kernel the engine can launch is launched by some case."""
     expected = launched_kernels()
     assert len(expected) > 15
     launched = set()
@@ -330,18 +343,19 @@ class KernelStatisticsTwin:
     the normalize pass, the rounding of 16-bit outputs) must be bit-identical to the
     kernels on every route (see ``normkernels/reference.py``)."""
 
-    scale_shift = staticmethod(reference.scale_shift)
-    moments = staticmethod(dispatch.moments)
+    def __getattr__(self, name):  # folding and the normalize pass: the twin's
+        return getattr(reference.ENGINE, name)
 
-    @staticmethod
-    def instance_planes(x, y, C, S, scale, B, epsilon, path=None):
-        mean, m2 = dispatch.instance_planes(x, np.empty_like(y), C, S, scale, B, epsilon, path)
+    def channel_moments(self, x, C, S, path=None):
+        return ENGINE.channel_moments(x, C, S, path)
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
+        mean, m2 = ENGINE.instance_planes(x, np.empty_like(y), C, S, scale, B, epsilon, path)
         reference.normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2)
         return mean, m2
 
-    @staticmethod
-    def instance_rows(x, y, N, C, scale, B, epsilon, path=None):
-        mean, m2 = dispatch.instance_rows(x, np.empty_like(y), N, C, scale, B, epsilon, path)
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
+        mean, m2 = ENGINE.instance_rows(x, np.empty_like(y), N, C, scale, B, epsilon, path)
         reference.normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2)
         return mean, m2
 
@@ -356,9 +370,9 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
     arrange(monkeypatch, case)
     result, params = run(case, X, params, dtype)
     if case.op == "moments":
-        check_with_oracle(case, X, params, run(case, X, params, dtype, reference)[0])
+        check_with_oracle(case, X, params, run(case, X, params, dtype, reference.ENGINE)[0])
         return
-    twin = reference if case.op in ("bn", "onednn") else KernelStatisticsTwin
+    twin = reference.ENGINE if case.op in ("bn", "onednn") else KernelStatisticsTwin()
     expected, _ = run(case, X, params, dtype, twin)
     for got, want in zip(_outputs(result), _outputs(expected), strict=True):
         assert_identical(np.asarray(got), np.asarray(want))

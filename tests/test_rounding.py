@@ -14,7 +14,8 @@ from arrays import BFLOAT16, to_layout
 from oracle import round_to_nearest_even
 
 import normkernels as nk
-from normkernels.kernels import dispatch
+from normkernels.engine import PATHS, policy
+from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import instance_normalization as in_spec
@@ -43,7 +44,7 @@ def check_ties(Y, exact, dtype):
                              f"{exact[wrong][:3]} gave {Y[wrong][:3]}")
 
 
-@pytest.mark.parametrize("path", dispatch.PATHS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 @pytest.mark.parametrize("op", ["bn", "onednn"])
 @pytest.mark.parametrize("name", list(SIXTEEN_BIT))
@@ -59,10 +60,10 @@ def test_inference_rounds_ties_to_even(rng, name, op, data_format, path):
     params = [v.astype(pdt) for v in (scale, B, np.zeros(C), np.full(C, 0.75))]
     if op == "bn":
         Y = bn_spec.batch_normalization(X, *params, epsilon=0.25, data_format=data_format,
-                                        engine=dispatch, path=path)
+                                        engine=ENGINE, path=path)
     else:
         Y = bni_spec.batch_norm_inference(X, *params, epsilon=0.25, data_format=data_format,
-                                          engine=dispatch, path=path)
+                                          engine=ENGINE, path=path)
     shape = (1, C, 1, 1) if data_format == "NCX" else (1, 1, 1, C)
     exact = X.astype(np.float64) * scale.reshape(shape) + B.reshape(shape)
     check_ties(Y, exact, dtype)
@@ -77,7 +78,7 @@ def plus_minus_two(shape, data_format):
     return np.ascontiguousarray(np.moveaxis(X, 1, -1) if data_format == "NXC" else X)
 
 
-@pytest.mark.parametrize("path", dispatch.PATHS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 @pytest.mark.parametrize("op", ["training", "instance"])
 @pytest.mark.parametrize("name", list(SIXTEEN_BIT))
@@ -96,14 +97,14 @@ def test_statistics_operators_round_ties_to_even(rng, name, op, data_format, pat
     if op == "training":
         params = [v.astype(dtype) for v in (scale, B, np.zeros(C), np.ones(C))]
         Y = bn_spec.batch_normalization(X, *params, epsilon=0.0, training_mode=1,
-                                        data_format=data_format, engine=dispatch, path=path)[0]
+                                        data_format=data_format, engine=ENGINE, path=path)[0]
         mean, var = nk.moments(X, data_format=data_format)
     else:
         params = [v.astype(dtype) for v in (scale, B)]
         if data_format == "NXC" and path != "serial":  # the per-sample route too
-            monkeypatch.setattr(dispatch, "SAMPLE_CALL_MIN_ELEMENTS", 1)
+            monkeypatch.setattr(policy, "SAMPLE_CALL_MIN_ELEMENTS", 1)
         Y = in_spec.instance_normalization(X, *params, epsilon=0.0, data_format=data_format,
-                                           engine=dispatch, path=path)
+                                           engine=ENGINE, path=path)
         mean, var = np.zeros(1), np.full(1, 4.0)
     assert np.all(mean == 0) and np.all(var == 4)  # the premise: exact statistics
     cshape = (1, C, 1, 1) if data_format == "NCX" else (1, 1, 1, C)

@@ -27,7 +27,7 @@ from oracle import (
 
 import normkernels as nk
 from normkernels import reference
-from normkernels.kernels import dispatch
+from normkernels.engine.numba_engine import ENGINE
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-5
@@ -254,9 +254,9 @@ def test_statistics_do_not_depend_on_thread_count(rng, shape, data_format):
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        one = dispatch.moments(*layout)
+        one = ENGINE.channel_moments(*layout, path="parallel")
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        many = dispatch.moments(*layout)
+        many = ENGINE.channel_moments(*layout, path="parallel")
     finally:
         numba.set_num_threads(before)
     for a, b in zip(one, many, strict=True):

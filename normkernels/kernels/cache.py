@@ -5,9 +5,9 @@ cache lives in ``__pycache__`` beside the sources or, when ``NUMBA_CACHE_DIR`` i
 there (Numba's own setting). Numba checks only the stamp of the file that defines a
 kernel, so an edit to a helper it calls (``elements.py``, ``vectors.py``) would
 otherwise leave a stale binary in use. Kernel modules import this module first; it
-registers locators whose source stamp covers every file of this package that holds
-compiled code (not ``dispatch.py``, which chooses among kernels: tuning a threshold
-there keeps the cache).
+registers locators whose source stamp covers every file of this package: loops only
+(the choice among kernels lives in :mod:`normkernels.engine`, so tuning a threshold
+keeps the cache).
 
 This uses Numba's locator classes (``numba.core.caching``), which are not public API;
 if they change, the registration is skipped and Numba's per-file stamp applies. The
@@ -21,15 +21,10 @@ _KERNEL_DIR = Path(__file__).resolve().parent
 _CACHE_DIRS = set()  # where the locators below put this package's kernels
 
 
-# Python-only modules of the package, whose edits cannot change a compiled kernel
-_NOT_KERNEL_SOURCES = ("dispatch.py",)
-
 
 def _package_stamp():
     digest = hashlib.sha256()
     for path in sorted(_KERNEL_DIR.glob("*.py")):
-        if path.name in _NOT_KERNEL_SOURCES:
-            continue
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

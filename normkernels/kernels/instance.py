@@ -7,15 +7,15 @@ Layouts as elsewhere: NCX memory is ``N * C`` planes of ``S`` elements (plane
   parameters and normalizes it while it is still in L1/L2, with streaming stores for
   large outputs, so X is read from memory once.
 * **Split planes** (NCX planes too large for L2 or too small to be worth a work item
-  each, or fewer planes than threads; see ``dispatch.FUSED_MIN_PLANE``): the
-  planes kernel of :mod:`normkernels.kernels.moments` reduces chunks of
+  each, or fewer planes than threads; see ``FUSED_MIN_PLANE`` in normkernels.engine.policy): the
+  planes kernel of :mod:`normkernels.kernels.statistics` reduces chunks of
   ``PLANE_CHUNK`` in parallel, the chunks are merged per plane, then the normalize
   pass of :mod:`normkernels.kernels.scale_shift` runs. The statistics of a plane are
   the same chunk partials merged in the same order on both paths, so the two paths
   give bitwise the same Y, and the choice between them (which depends on the thread
   count) never changes a result.
 * **Rows** (NXC): row blocks of each sample are reduced per column (the rows kernel
-  of :mod:`normkernels.kernels.moments`), merged per (n, c), then normalized.
+  of :mod:`normkernels.kernels.statistics`), merged per (n, c), then normalized.
 """
 
 import math
@@ -27,39 +27,37 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.fold import fold_one
-from normkernels.kernels.moments import (
-    MOMENTS_OPTIONS,
-    PLANE_CHUNK,
-    _chunk,
-    _difference,
-    chan_merge,
-)
-from normkernels.kernels.scale_shift import (
+from normkernels.kernels.options import (
+    INLINE_OPTIONS,
     KERNEL_OPTIONS,
     MIN_PLANE,
-    _planes_range,
-    _planes_scalar,
-    _run_tables,
-    _stream_one,
-    _stream_split,
-    _vector_one,
-    _vector_split,
-    store_fence,
+    MOMENTS_OPTIONS,
 )
+from normkernels.kernels.scale_shift import (
+    planes_range,
+    planes_scalar,
+    run_tables,
+    store_fence,
+    stream_one,
+    stream_split,
+    vector_one,
+    vector_split,
+)
+from normkernels.kernels.statistics import PLANE_CHUNK, chan_merge, chunk_moments, difference
 
-_INLINE = dict(KERNEL_OPTIONS, inline="always")
+_INLINE = INLINE_OPTIONS
 
 
 @njit(**MOMENTS_OPTIONS)
 def plane_statistics(x):
     """(mean, M2) of one plane: chunks of PLANE_CHUNK reduced as
-    :func:`normkernels.kernels.moments.plane_partials` does, merged in order as
-    :func:`normkernels.kernels.moments.merge_planes` does. Compiled apart (not
+    :func:`normkernels.kernels.statistics.plane_partials` does, merged in order as
+    :func:`normkernels.kernels.statistics.merge_planes` does. Compiled apart (not
     inlined) so the caller's strict floating point does not apply to it."""
     n, mu, q = 0, 0.0, 0.0
     for lo in range(0, x.size, PLANE_CHUNK):
         hi = min(x.size, lo + PLANE_CHUNK)
-        mean_k, m2_k = _chunk(x[lo:hi])
+        mean_k, m2_k = chunk_moments(x[lo:hi])
         n, mu, q = chan_merge(n, mu, q, hi - lo, mean_k, m2_k)
     return mu, q
 
@@ -76,11 +74,11 @@ def _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, streaming)
              m, a, b, p)
     n_planes = mean.size
     if S < MIN_PLANE:
-        _planes_scalar(x, y, lo, hi, n_planes, S, m, a, b)
+        planes_scalar(x, y, lo, hi, n_planes, S, m, a, b)
     elif streaming:
-        _planes_range(x, y, lo, hi, n_planes, S, m, a, b, _stream_one, _stream_split)
+        planes_range(x, y, lo, hi, n_planes, S, m, a, b, stream_one, stream_split)
     else:
-        _planes_range(x, y, lo, hi, n_planes, S, m, a, b, _vector_one, _vector_split)
+        planes_range(x, y, lo, hi, n_planes, S, m, a, b, vector_one, vector_split)
 
 
 @njit(**KERNEL_OPTIONS)
@@ -118,10 +116,10 @@ def fold_planes(C, count, scale, B, epsilon, mean, m2, m, a, b):
 
 @njit(parallel=True, **MOMENTS_OPTIONS)
 def merge_sample_rows(part_mean, part_m2, rows_per_sample, rows_per_block, mean, m2):
-    """Per-(n, c) (mean, M2) from :func:`~normkernels.kernels.moments.row_partials`
+    """Per-(n, c) (mean, M2) from :func:`~normkernels.kernels.statistics.row_partials`
     run with one sample per n and ``P = C`` columns: the blocks of each sample are
     combined exactly as groups, in order (see
-    :func:`~normkernels.kernels.moments.merge_rows`), in parallel over (n, c)."""
+    :func:`~normkernels.kernels.statistics.merge_rows`), in parallel over (n, c)."""
     C = part_mean.shape[1]
     blocks_per_sample = part_mean.shape[0] * C // mean.size
     for item in prange(mean.size):
@@ -133,7 +131,7 @@ def merge_sample_rows(part_mean, part_m2, rows_per_sample, rows_per_block, mean,
         total = 0.0
         for k in range(blocks_per_sample):
             size = min(rows_per_block, rows_per_sample - k * rows_per_block)
-            total += size * _difference(part_mean[first + k, c], shift)
+            total += size * difference(part_mean[first + k, c], shift)
         mu = shift + total / rows_per_sample
         q = 0.0
         for k in range(blocks_per_sample):
@@ -158,7 +156,7 @@ def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b):
         an = a[n * C:(n + 1) * C]
         bn = b[n * C:(n + 1) * C]
         for r in range(first, last):
-            _run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn)
+            run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn)
 
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)

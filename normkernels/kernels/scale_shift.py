@@ -19,7 +19,7 @@ Two shapes of loop cover every layout:
   its phase and the channel index never enters the per-element arithmetic.
 
 Each comes in three variants, compiled separately and only when used: serial (small
-tensors: a parallel launch costs about 4 us here, a serial call about 0.5 us),
+tensors, where a parallel launch costs more than the loop),
 parallel over fixed-size blocks, and streaming (parallel, with non-temporal stores
 and an ``sfence`` per block; x86-64 only). All vector work goes through the
 intrinsics of :mod:`normkernels.kernels.vectors` and all scalar work (heads and
@@ -34,8 +34,8 @@ from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.elements import load, store
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS, MIN_PLANE, VECTOR_BYTES
 from normkernels.kernels.vectors import (
-    VECTOR_BYTES,
     store_fence,
     stream_scale_shift,
     stream_scale_shift_split,
@@ -45,21 +45,10 @@ from normkernels.kernels.vectors import (
     vector_scale_shift_tables,
 )
 
-# Settings for every kernel, set once. No fastmath: NaN and Inf must propagate, and
-# FMA contraction would make the vector and scalar paths round differently.
-KERNEL_OPTIONS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
-_INLINE = dict(KERNEL_OPTIONS, inline="always")
+_INLINE = INLINE_OPTIONS
 
-# Elements per parallel work item (the kernels take it as ``block``, chosen by
-# dispatch.block_size): a multiple of every vector length, large enough to amortise
-# scheduling and the sfence on large tensors. Measured on (32,64,112,112), cold
-# caches, streaming: float16 2.96 ms with 64K-element blocks, 4.36 ms with 16K, 2.84 ms
-# with 256K. Smaller tensors use smaller blocks so that every thread gets work.
-BLOCK_ELEMENTS = 1 << 16
-MIN_BLOCK_ELEMENTS = 1 << 12
-
-# Shortest plane the planes loop takes (the longest vector has 32 lanes).
-MIN_PLANE = 32
+# Parallel kernels take the elements per work item as ``block`` (chosen by
+# normkernels.engine.policy.block_size, a multiple of every vector length).
 
 
 @njit(**_INLINE)
@@ -78,9 +67,7 @@ def _blocks(y, block):
     Block 0 is ``[0, first + block)`` and block ``k`` starts at ``first + k * block``,
     ``first`` being the offset of the first 64-byte boundary in ``y``: every block but
     the first starts aligned and every block but the last ends aligned, so only those
-    two run scalar heads and tails. Blocks at multiples of ``block`` gave every block a
-    scalar head and tail in NumPy's 16-byte-aligned buffers: (32,64,112,112) float16
-    streaming took 3.0-3.4 ms that way, 2.7-3.0 ms aligned (copy: 3.0).
+    two run scalar heads and tails (see ``scale_shift._blocks`` in docs/design.md).
     """
     n = y.size
     first = min(n, _elements_to_alignment(y))
@@ -95,7 +82,7 @@ def _block_bounds(blk, first, n, block):
 
 # Scalar loops (heads, tails, and planes shorter than MIN_PLANE) index slices from 0
 # rather than ``x[i] for i in range(lo, hi)``: with an unknown ``lo`` Numba must allow
-# negative indices and LLVM did not vectorise (15.0 ms against 6.9 ms on 51 MB f32).
+# negative indices and LLVM does not vectorise.
 
 
 @njit(**_INLINE)
@@ -106,14 +93,14 @@ def _run(x, y, m, a, b):
 
 
 @njit(**_INLINE)
-def _run_tables(x, y, mean, a, b):
+def run_tables(x, y, mean, a, b):
     """``y = (x - mean) * a + b`` elementwise over slices (tables may be longer)."""
     for i in range(x.size):
         store(y, i, (load(x, i) - mean[i]) * a[i] + b[i])
 
 
 @njit(**_INLINE)
-def _planes_scalar(x, y, lo, hi, C, S, mean, a, b):
+def planes_scalar(x, y, lo, hi, C, S, mean, a, b):
     """Elements ``lo..hi-1`` of planes of ``S``, one plane segment at a time."""
     while lo < hi:
         plane = lo // S
@@ -124,12 +111,12 @@ def _planes_scalar(x, y, lo, hi, C, S, mean, a, b):
 
 
 @njit(**_INLINE)
-def _stream_one(x, y, i, m, a, b):
+def stream_one(x, y, i, m, a, b):
     stream_scale_shift(x, y, i, m, a, b)
 
 
 @njit(**_INLINE)
-def _stream_split(x, y, i, m0, a0, b0, m1, a1, b1, split):
+def stream_split(x, y, i, m0, a0, b0, m1, a1, b1, split):
     stream_scale_shift_split(x, y, i, m0, a0, b0, m1, a1, b1, split)
 
 
@@ -139,12 +126,12 @@ def _stream_tables(x, y, i, mean, a, b, phase):
 
 
 @njit(**_INLINE)
-def _vector_one(x, y, i, m, a, b):
+def vector_one(x, y, i, m, a, b):
     vector_scale_shift(x, y, i, m, a, b)
 
 
 @njit(**_INLINE)
-def _vector_split(x, y, i, m0, a0, b0, m1, a1, b1, split):
+def vector_split(x, y, i, m0, a0, b0, m1, a1, b1, split):
     vector_scale_shift_split(x, y, i, m0, a0, b0, m1, a1, b1, split)
 
 
@@ -153,20 +140,20 @@ def _vector_tables(x, y, i, mean, a, b, phase):
     vector_scale_shift_tables(x, y, i, mean, a, b, phase)
 
 
-# The loops below take their vector operations as arguments (``_vector_*`` or
-# ``_stream_*``): Numba specialises on the function passed, so the store kind is
+# The loops below take their vector operations as arguments (``vector_*`` or
+# ``stream_*``): Numba specialises on the function passed, so the store kind is
 # fixed at compile time and the streaming code is compiled only for the streaming
 # kernels.
 
 
 @njit(**_INLINE)
-def _planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
+def planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
     """Elements ``lo..hi-1`` of planes of ``S >= MIN_PLANE``: scalar head to 64-byte
     alignment, vectors across plane boundaries, scalar tail."""
     width = VECTOR_BYTES // y.itemsize
     head = min(hi - lo, _elements_to_alignment(y[lo:hi]))
     body_end = lo + head + (hi - lo - head) // width * width
-    _planes_scalar(x, y, lo, lo + head, C, S, mean, a, b)
+    planes_scalar(x, y, lo, lo + head, C, S, mean, a, b)
     i = lo + head
     plane = i // S
     c = plane % C
@@ -185,7 +172,7 @@ def _planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
         if i >= boundary:
             c = c_next
             boundary += S
-    _planes_scalar(x, y, body_end, hi, C, S, mean, a, b)
+    planes_scalar(x, y, body_end, hi, C, S, mean, a, b)
 
 
 @njit(**_INLINE)
@@ -200,7 +187,7 @@ def _periodic_range(x, y, lo, hi, P, mean, a, b, tables):
     phase = lo % P
     head = min(n, _elements_to_alignment(ys))
     body = head + (n - head) // width * width
-    _run_tables(xs[:head], ys[:head], mean[phase:], a[phase:], b[phase:])
+    run_tables(xs[:head], ys[:head], mean[phase:], a[phase:], b[phase:])
     phase += head
     if phase >= P:
         phase -= P
@@ -209,16 +196,16 @@ def _periodic_range(x, y, lo, hi, P, mean, a, b, tables):
         phase += width
         if phase >= P:
             phase -= P
-    _run_tables(xs[body:], ys[body:], mean[phase:], a[phase:], b[phase:])
+    run_tables(xs[body:], ys[body:], mean[phase:], a[phase:], b[phase:])
 
 
 @njit(**KERNEL_OPTIONS)
 def scale_shift_planes_serial(x, y, C, S, mean, a, b):
     """``y[i] = (x[i] - mean[c]) * a[c] + b[c]``, ``c = (i // S) % C``; one thread."""
     if S >= MIN_PLANE:
-        _planes_range(x, y, 0, x.size, C, S, mean, a, b, _vector_one, _vector_split)
+        planes_range(x, y, 0, x.size, C, S, mean, a, b, vector_one, vector_split)
     else:
-        _planes_scalar(x, y, 0, x.size, C, S, mean, a, b)
+        planes_scalar(x, y, 0, x.size, C, S, mean, a, b)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -229,9 +216,9 @@ def scale_shift_planes_parallel(x, y, C, S, mean, a, b, block):
     for blk in prange(n_blocks):
         lo, hi = _block_bounds(blk, first, n, block)
         if S >= MIN_PLANE:
-            _planes_range(x, y, lo, hi, C, S, mean, a, b, _vector_one, _vector_split)
+            planes_range(x, y, lo, hi, C, S, mean, a, b, vector_one, vector_split)
         else:
-            _planes_scalar(x, y, lo, hi, C, S, mean, a, b)
+            planes_scalar(x, y, lo, hi, C, S, mean, a, b)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -242,7 +229,7 @@ def scale_shift_planes_streaming(x, y, C, S, mean, a, b, block):
     first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
         lo, hi = _block_bounds(blk, first, n, block)
-        _planes_range(x, y, lo, hi, C, S, mean, a, b, _stream_one, _stream_split)
+        planes_range(x, y, lo, hi, C, S, mean, a, b, stream_one, stream_split)
         store_fence()
 
 

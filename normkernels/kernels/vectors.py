@@ -12,8 +12,8 @@ two planes).
 
 Why IR rather than Numba loops: streaming stores need it, and bfloat16 narrowing does
 too. Narrowing bfloat16 on the bits (round to nearest even, NaN kept quiet) costs
-about eight vector instructions per 16 lanes, which made bfloat16 compute-bound on
-this machine's two vCPUs (5.1 ms against 3.4 ms for a copy of the bytes). Here it is
+about eight vector instructions per 16 lanes, which made bfloat16 compute-bound (see
+``vectors.narrow_bf16`` in docs/design.md). Here it is
 LLVM's ``fptrunc`` to ``bfloat`` (one ``vcvtneps2bf16`` with AVX512-BF16), which
 treats subnormal inputs as zero; a vector holding any float32 subnormal takes the
 exact bit path instead (a branch that is essentially never taken).
@@ -35,8 +35,12 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from normkernels.kernels.elements import narrow_bf16, narrow_f16, widen_bf16, widen_f16
+from normkernels.kernels.options import VECTOR_BYTES
 
-VECTOR_BYTES = 64
+# Class masks of llvm.is.fpclass (bit 4: negative subnormal, bit 7: positive
+# subnormal) and of AVX-512's vfpclassps imm8 (bit 5: denormal, either sign).
+FPCLASS_SUBNORMAL = (1 << 4) | (1 << 7)
+VFPCLASS_DENORMAL = 1 << 5
 
 _F32 = ir.FloatType()
 _F64 = ir.DoubleType()
@@ -77,7 +81,7 @@ def _subnormal_lanes(builder, value, count):
         fpclass = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(mask_type, [value.type, _I32]),
             f"llvm.is.fpclass.v{count}f32")
-        return builder.call(fpclass, [value, ir.Constant(_I32, 0x90)])  # +-subnormal
+        return builder.call(fpclass, [value, ir.Constant(_I32, FPCLASS_SUBNORMAL)])
     v16 = ir.VectorType(_F32, 16)
     m16 = ir.VectorType(ir.IntType(1), 16)
     fpclass = cgutils.get_or_insert_function(
@@ -87,7 +91,7 @@ def _subnormal_lanes(builder, value, count):
     for k in range(count // 16):
         lanes = ir.Constant(ir.VectorType(_I32, 16), list(range(16 * k, 16 * k + 16)))
         part = builder.shuffle_vector(value, undef, lanes)
-        masks.append(builder.call(fpclass, [part, ir.Constant(_I32, 0x20)]))  # denormal
+        masks.append(builder.call(fpclass, [part, ir.Constant(_I32, VFPCLASS_DENORMAL)]))
     mask = masks[0]
     while len(masks) > 1:  # concatenate pairs of masks
         joined = []

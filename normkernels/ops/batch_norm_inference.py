@@ -37,5 +37,5 @@ def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_fo
     if out is not None:
         common.check_out(OP, out, X, params)
     m, a, b = common.fold_parameters(params["gamma"], params["beta"], params["mean"],
-                                     params["variance"], eps, X.dtype)
+                                     params["variance"], eps, X.dtype, engine)
     return common.normalize(X, m, a, b, data_format, out, engine, path)

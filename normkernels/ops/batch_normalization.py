@@ -1,8 +1,12 @@
 """ONNX BatchNormalization, opsets 1, 6, 7, 9, 14 and 15 (spec layer).
 
-One :class:`Version` per since-version states what that version accepts: its
-attributes with their schema defaults, its type variables and their dtypes. The
-version that serves a model's opset is the highest since-version at or below it.
+One :class:`Version` per since-version states what that version accepts and does:
+its attributes with their schema defaults (and the required ones), its type
+variables and their dtypes, what selects the mode, the outputs of training, the rank
+rule and whether spatial=0 takes per-channel parameters. The version that serves a
+model's opset is the highest since-version at or below it. :func:`prepare` turns the
+attributes into a checked :class:`Call` (integrations such as :mod:`normkernels.dask`
+use it to check arguments before they have tensors).
 
 Modes: opsets 14/15 by ``training_mode``; opsets 1/6 by ``is_test``; opsets 7/9 by
 the number of outputs requested (``num_outputs``: 1 is inference). Training normalizes
@@ -19,66 +23,81 @@ attributes (``epsilon``, ``momentum``) are finite real numbers, never strings;
 ``saved_var`` is "variance" or "inv_std" at every opset.
 """
 
-import functools
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from normkernels.ops import common
-from normkernels.ops.common import ALL_FLOATS, BFLOAT16
+from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "BatchNormalization"
-_NO_BF16 = tuple(d for d in ALL_FLOATS if d != BFLOAT16)
-_INPUTS = ("X", "scale", "B", "input_mean", "input_var")
+INPUTS = ("X", "scale", "B", "input_mean", "input_var")
+RUNNING_OUTPUTS = ("Y", "running_mean", "running_var")
+SAVED_OUTPUTS = ("Y", "mean", "var", "saved_mean", "saved_var")
 
 
 @dataclass(frozen=True)
-class Version:
-    since: int
-    attributes: dict  # name -> schema default
-    type_vars: dict  # input name -> type variable
+class Version(common.Version):
+    """One since-version of BatchNormalization and the behaviour it fixes."""
+
+    type_vars: dict = field(default_factory=dict)  # input name -> type variable
     dtypes: dict = field(default_factory=dict)  # type variable -> allowed dtypes
+    mode_from: str = "training_mode"  # what selects training: an attribute, or
+    #                                   "num_outputs" (opsets 7, 9)
+    outputs: tuple = RUNNING_OUTPUTS  # the outputs of training mode, in order
+    exact_rank: int = None  # X must have exactly this rank (opset 1: 4-D)
+    channel_params_broadcast: bool = False  # spatial=0 also takes (C,) parameters
+
+    @property
+    def counts_outputs(self):
+        """Opsets 1-9: the caller says how many outputs the node has."""
+        return self.outputs == SAVED_OUTPUTS
 
 
-def _single_type(since, **attributes):
+def _single_type(since, required=(), **behaviour_and_attributes):
     """Opsets 1-9: every input is T, one of float16/float32/float64."""
-    return Version(since, attributes, dict.fromkeys(_INPUTS, "T"), {"T": _NO_BF16})
+    behaviour = {k: behaviour_and_attributes.pop(k) for k in
+                 ("mode_from", "exact_rank", "channel_params_broadcast")
+                 if k in behaviour_and_attributes}
+    return Version(since, behaviour_and_attributes, required,
+                   type_vars=dict.fromkeys(INPUTS, "T"), dtypes={"T": NO_BF16},
+                   outputs=SAVED_OUTPUTS, **behaviour)
 
 
 VERSIONS = {
-    1: _single_type(1, consumed_inputs=None, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1),
-    6: _single_type(6, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1),
-    7: _single_type(7, epsilon=1e-5, momentum=0.9, spatial=1),
-    9: _single_type(9, epsilon=1e-5, momentum=0.9),
+    1: _single_type(1, ("consumed_inputs",), consumed_inputs=None, epsilon=1e-5, is_test=0,
+                    momentum=0.9, spatial=1, mode_from="is_test", exact_rank=4,
+                    channel_params_broadcast=True),
+    6: _single_type(6, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1, mode_from="is_test",
+                    channel_params_broadcast=True),
+    7: _single_type(7, epsilon=1e-5, momentum=0.9, spatial=1, mode_from="num_outputs"),
+    9: _single_type(9, epsilon=1e-5, momentum=0.9, mode_from="num_outputs"),
     14: Version(14, {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
-                {"X": "T", "scale": "T", "B": "T", "input_mean": "U", "input_var": "U"},
-                {"T": ALL_FLOATS, "U": ALL_FLOATS}),
+                type_vars={"X": "T", "scale": "T", "B": "T", "input_mean": "U",
+                           "input_var": "U"},
+                dtypes={"T": ALL_FLOATS, "U": ALL_FLOATS}),
     15: Version(15, {"epsilon": 1e-5, "momentum": 0.9, "training_mode": 0},
-                {"X": "T", "scale": "T1", "B": "T1", "input_mean": "T2", "input_var": "T2"},
-                {"T": ALL_FLOATS, "T1": ALL_FLOATS, "T2": ALL_FLOATS}),
+                type_vars={"X": "T", "scale": "T1", "B": "T1", "input_mean": "T2",
+                           "input_var": "T2"},
+                dtypes={"T": ALL_FLOATS, "T1": ALL_FLOATS, "T2": ALL_FLOATS}),
 }
 
 
-def version_for(opset):
-    """The BatchNormalization version in force at ``opset`` (an int >= 1, or a NumPy
-    integer)."""
-    return _version_for(opset if type(opset) is int else common.check_opset(OP, opset))
-
-
-@functools.cache
-def _version_for(opset):
-    return common.version_in_force(OP, VERSIONS, opset)
+version_for = common.version_lookup(OP, VERSIONS)
 
 
 def resolve_attributes(version, given):
     """Schema defaults overlaid with the attributes the caller gave (not None)."""
-    return common.resolve_attributes(f"{OP}-{version.since}", version.attributes, given)
+    return common.resolve_attributes(version.label(OP), version, given)
 
 
 def check_types(version, arrays):
+    """Dtypes against the version's type variables: each allowed, and the inputs of
+    one type variable sharing one dtype (anything with a ``dtype`` will do: NumPy or
+    dask arrays)."""
     if _types_ok(version, arrays):
         return
-    label = f"{OP}-{version.since}"
+    label = version.label(OP)
     groups = {}
     for name, arr in arrays.items():
         tv = version.type_vars[name]
@@ -106,47 +125,69 @@ SAVED_VAR = ("variance", "inv_std")
 _INT_ATTRIBUTES = {"training_mode": (0, 1), "is_test": None, "spatial": (0, 1)}
 
 
-def check_attributes(label, attrs):
-    """The INT attributes as Python ints and momentum as a Python float, checked in
-    every mode; epsilon is checked by the caller."""
+@dataclass(frozen=True)
+class Call:
+    """What one call computes, once its arguments are checked: everything but the
+    tensors."""
+
+    version: Version
+    label: str
+    training: bool
+    epsilon: float
+    momentum: float
+    spatial: bool  # False: statistics and parameters per activation
+    num_outputs: int  # outputs returned in training (opsets 1-9; 3 for 14/15)
+    saved_var: str
+    data_format: str
+    engine: object = None
+    path: str = None
+
+
+def prepare(opset, attributes, num_outputs=None, saved_var="variance", data_format="NCX",
+            engine=None, path=None):
+    """The :class:`Call` of these attributes (None: the schema default) at ``opset``:
+    every attribute checked in every mode, whether or not the mode uses it (INT
+    attributes integers, training_mode and spatial 0 or 1; epsilon and momentum
+    finite real numbers; saved_var "variance" or "inv_std"; data_format)."""
+    version = version_for(opset)
+    label = version.label(OP)
+    attrs = resolve_attributes(version, attributes)
     for name, choices in _INT_ATTRIBUTES.items():
         if name in attrs:
             attrs[name] = common.check_int_attribute(label, name, attrs[name], choices)
-    attrs["momentum"] = common.check_float_attribute(label, "momentum", attrs["momentum"])
-    return attrs
-
-
-def check_saved_var(label, saved_var):
-    """``saved_var`` (a normkernels option, used by opsets 1-9 in training) is checked
-    on every call, whatever the opset and mode."""
+    momentum = common.check_float_attribute(label, "momentum", attrs["momentum"])
     if not isinstance(saved_var, str) or saved_var not in SAVED_VAR:
         raise ValueError(f"{label}: saved_var must be one of {SAVED_VAR}, got {saved_var!r}")
+    common.check_data_format(label, data_format)
+    eps = common.check_epsilon(label, attrs["epsilon"])
+    training, num_outputs = _mode(version, label, attrs, num_outputs)
+    return Call(version, label, training, eps, momentum, bool(attrs.get("spatial", 1)),
+                num_outputs, saved_var, data_format, engine, path)
 
 
-def mode(version, attrs, num_outputs):
-    """"inference" or "training" for these attributes and output count."""
-    label = f"{OP}-{version.since}"
-    if version.since >= 14:
+def _mode(version, label, attrs, num_outputs):
+    """(training, outputs returned in training) for these attributes and outputs."""
+    if not version.counts_outputs:
         if num_outputs is not None:
             raise TypeError(f"{label}: num_outputs is for opsets 1-9, whose mode or outputs "
                             "it selects; opsets 14+ return (Y, running_mean, running_var) "
                             "in training mode")
-        return "training" if attrs["training_mode"] else "inference"
+        return bool(attrs[version.mode_from]), len(version.outputs)
     if num_outputs is None:
         num_outputs = 1
-    if not common.is_integer(num_outputs) or not 1 <= num_outputs <= 5:
-        raise ValueError(f"{label}: num_outputs must be an integer from 1 to 5 (Y, mean, "
-                         f"var, saved_mean, saved_var), got {num_outputs!r}")
+    if not common.is_integer(num_outputs) or not 1 <= num_outputs <= len(version.outputs):
+        raise ValueError(f"{label}: num_outputs must be an integer from 1 to "
+                         f"{len(version.outputs)} ({', '.join(version.outputs)}), "
+                         f"got {num_outputs!r}")
     num_outputs = int(num_outputs)
-    if version.since in (1, 6):
-        training = not attrs["is_test"]
-        if not training and num_outputs > 1:
-            raise ValueError(f"{label}: is_test={attrs['is_test']} (nonzero: test mode) has "
-                             f"one output, Y; num_outputs={num_outputs} asks for training "
-                             "outputs")
-    else:
-        training = num_outputs > 1  # opsets 7 and 9: the outputs select the mode
-    return "training" if training else "inference"
+    if version.mode_from == "num_outputs":  # opsets 7 and 9: the outputs select the mode
+        return num_outputs > 1, num_outputs
+    training = not attrs[version.mode_from]  # opsets 1 and 6: is_test, nonzero is test
+    if not training and num_outputs > 1:
+        raise ValueError(f"{label}: is_test={attrs['is_test']} (nonzero: test mode) has "
+                         f"one output, Y; num_outputs={num_outputs} asks for training "
+                         "outputs")
+    return training, num_outputs
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
@@ -154,35 +195,29 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
                         num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
                         out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_normalization`; ``engine`` runs the loops."""
-    version = version_for(opset)
-    attrs = resolve_attributes(version, {
-        "epsilon": epsilon, "momentum": momentum, "training_mode": training_mode,
-        "is_test": is_test, "spatial": spatial, "consumed_inputs": consumed_inputs})
-    label = f"{OP}-{version.since}"
-    attrs = check_attributes(label, attrs)
-    check_saved_var(label, saved_var)
-    common.check_data_format(label, data_format)
+    call = prepare(opset, {"epsilon": epsilon, "momentum": momentum,
+                           "training_mode": training_mode, "is_test": is_test,
+                           "spatial": spatial, "consumed_inputs": consumed_inputs},
+                   num_outputs, saved_var, data_format, engine, path)
     arrays = {n: common.as_array(n, v)
-              for n, v in zip(_INPUTS, (X, scale, B, input_mean, input_var), strict=True)}
-    check_types(version, arrays)
+              for n, v in zip(INPUTS, (X, scale, B, input_mean, input_var), strict=True)}
+    check_types(call.version, arrays)
     X = arrays.pop("X")
     if X.ndim < 1:
-        raise ValueError(f"{label}: X must have at least 1 dimension (N), got a scalar")
-    if version.since == 1 and X.ndim != 4:
-        raise ValueError(f"{label}: X must be 4-D (N x C x H x W), got shape {X.shape}")
-    eps = common.check_epsilon(label, attrs["epsilon"])
+        raise ValueError(f"{call.label}: X must have at least 1 dimension (N), got a scalar")
+    rank = call.version.exact_rank
+    if rank is not None and X.ndim != rank:
+        raise ValueError(f"{call.label}: X must be {rank}-D (N x C x H x W), "
+                         f"got shape {X.shape}")
     if out is not None:
-        common.check_out(label, out, X, arrays)
-    run_mode = mode(version, attrs, num_outputs)
-    if not attrs.get("spatial", 1):
-        return _non_spatial(label, version, X, arrays, data_format, out, (
-            run_mode, eps, attrs["momentum"], num_outputs, saved_var, engine, path))
-    common.check_channel_params(label, common.channel_count(X, data_format), arrays)
-    return _run(label, version, X, arrays, data_format, out, run_mode, eps, attrs["momentum"],
-                num_outputs, saved_var, engine, path)
+        common.check_out(call.label, out, X, arrays)
+    if not call.spatial:
+        return _non_spatial(call, X, arrays, out)
+    common.check_channel_params(call.label, common.channel_count(X, data_format), arrays)
+    return _run(call, X, arrays, data_format, out)
 
 
-def _non_spatial(label, version, X, arrays, data_format, out, run_args):
+def _non_spatial(call, X, arrays, out):
     """``spatial=0``: statistics and parameters per activation (every position of
     the non-batch axes), so X runs as N x F with F activations, F = X.size / N.
 
@@ -191,23 +226,24 @@ def _non_spatial(label, version, X, arrays, data_format, out, run_args):
     statistics outputs then have the shape of one sample.
     """
     sample = X.shape[1:] if X.ndim > 1 else ()
-    C = common.channel_count(X, data_format)
+    C = common.channel_count(X, call.data_format)
     positions = int(np.prod(sample, dtype=np.int64)) // max(C, 1) if sample else 1
+    broadcast = call.version.channel_params_broadcast
     expanded = {}
     for name, p in arrays.items():
         if p.shape == sample or (not sample and p.shape == (1,)):
             expanded[name] = p.reshape(-1)
-        elif version.since in (1, 6) and p.shape == (C,):
-            expanded[name] = (np.repeat(p, positions) if data_format == "NCX"
+        elif broadcast and p.shape == (C,):
+            expanded[name] = (np.repeat(p, positions) if call.data_format == "NCX"
                               else np.tile(p, positions))
         else:
-            allowed = f"{sample}" + (f" or ({C},)" if version.since in (1, 6) else "")
-            raise ValueError(f"{label}: with spatial=0, {name} must have shape {allowed} "
-                             f"(one value per activation), got {p.shape}")
+            allowed = f"{sample}" + (f" or ({C},)" if broadcast else "")
+            raise ValueError(f"{call.label}: with spatial=0, {name} must have shape "
+                             f"{allowed} (one value per activation), got {p.shape}")
     activations = int(np.prod(sample, dtype=np.int64)) if sample else 1
     X2 = X.reshape(X.shape[0], activations)
     out2 = out.reshape(X2.shape) if out is not None and out.flags.c_contiguous else None
-    result = _run(label, version, X2, expanded, "NCX", out2, *run_args)
+    result = _run(call, X2, expanded, "NCX", out2)
     if isinstance(result, tuple):
         Y, stats = result[0], tuple(v.reshape(sample or (1,)) for v in result[1:])
     else:
@@ -221,35 +257,29 @@ def _non_spatial(label, version, X, arrays, data_format, out, run_args):
     return (Y, *stats) if isinstance(result, tuple) else Y
 
 
-def _run(label, version, X, arrays, data_format, out, run_mode, eps, momentum, num_outputs,
-         saved_var, engine, path):
-    if run_mode == "inference":
+def _run(call, X, arrays, data_format, out):
+    if not call.training:
         mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"],
-                                            arrays["input_mean"], arrays["input_var"], eps,
-                                            X.dtype)
-        return common.normalize(X, mean, a, b, data_format, out, engine, path)
-    return _training(label, version, X, arrays, eps, momentum, num_outputs or 1, saved_var,
-                     data_format, out, engine, path)
+                                            arrays["input_mean"], arrays["input_var"],
+                                            call.epsilon, X.dtype, call.engine)
+        return common.normalize(X, mean, a, b, data_format, out, call.engine, call.path)
+    return _training(call, X, arrays, data_format, out)
 
 
-def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, data_format,
-              out, engine, path):
-    """Y normalized with the batch statistics, and the running (and saved) statistics."""
+def _training(call, X, arrays, data_format, out):
+    """Y normalized with the batch statistics, and the running (and saved) statistics.
+    Statistics, then normalize: X is read twice (fusing them per channel was measured
+    slower; see ``_training`` in docs/design.md)."""
     if X.size == 0:
-        raise ValueError(f"{label}: training mode on an empty X (shape {X.shape}): batch "
-                         "statistics of zero elements are undefined")
-    # Statistics, then normalize: X is read twice. Fusing per channel (its planes
-    # normalized while still in L2, Y streamed) was measured slower on (32,64,112,112)
-    # f32, 2 threads: a channel per thread 11.9 ms, a channel's planes split over the
-    # threads 8.9 ms, that pipelined with the next channel's statistics 9.3-9.6 ms,
-    # against 8.3-8.7 ms unfused (inference 4.1 ms). Here reading and writing do not
-    # overlap in the fused loop, and the machine's read and write bandwidths add.
+        raise ValueError(f"{call.label}: training mode on an empty X (shape {X.shape}): "
+                         "batch statistics of zero elements are undefined")
+    engine, eps, momentum = call.engine, call.epsilon, call.momentum
     Xc, C, S = common.contiguous_layout(X, data_format)
-    count, batch_mean, m2 = engine.moments(Xc, C, S)
+    count, batch_mean, m2 = engine.channel_moments(Xc, C, S, call.path)
     batch_var = m2 / count  # population variance (divide by N)
     mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"], batch_mean, batch_var,
-                                        eps, X.dtype)
-    Y = common.normalize(X, mean, a, b, data_format, out, engine, path)
+                                        eps, X.dtype, engine)
+    Y = common.normalize(X, mean, a, b, data_format, out, engine, call.path)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
     # divide: saved_var="inv_std" of a zero var + epsilon is inf, as the formula gives
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
@@ -257,9 +287,9 @@ def _training(label, version, X, arrays, eps, momentum, num_outputs, saved_var, 
                         + batch_mean * (1.0 - momentum)).astype(stats_dtype)
         running_var = (arrays["input_var"].astype(np.float64) * momentum
                        + batch_var * (1.0 - momentum)).astype(stats_dtype)
-        if version.since >= 14:
+        if call.version.outputs == RUNNING_OUTPUTS:
             return Y, running_mean, running_var
-        saved = (batch_var if saved_var == "variance"
+        saved = (batch_var if call.saved_var == "variance"
                  else 1.0 / np.sqrt(batch_var + eps)).astype(stats_dtype)
     outputs = (Y, running_mean, running_var, batch_mean.astype(stats_dtype), saved)
-    return outputs[0] if num_outputs == 1 else outputs[:num_outputs]
+    return outputs[0] if call.num_outputs == 1 else outputs[:call.num_outputs]

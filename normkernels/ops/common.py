@@ -1,28 +1,29 @@
 """Argument checks, layouts and parameter folding shared by the operators.
 
 Everything here is O(C) or O(1) work in NumPy; the O(size) work is done by an
-*engine*: the Numba kernels (:func:`normkernels.kernels.dispatch.scale_shift`) or the
-NumPy twin (:func:`normkernels.reference.scale_shift`), which share this layer and so
-see identical arguments.
+*engine* (:class:`normkernels.engine.Engine`): the Numba engine or the NumPy twin
+(:class:`normkernels.reference.NumPyEngine`), which share this layer and so see
+identical arguments.
 """
 
+import functools
 import math
 import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
-from normkernels.kernels.fold import scale_over_std
 from normkernels.kernels.storage import (
     BFLOAT16,
     FLOAT16,
     FLOAT32,
     FLOAT64,
     compute_dtype,
-    storage_view,
 )
 
 DATA_FORMATS = ("NCX", "NXC")
 ALL_FLOATS = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
+NO_BF16 = (FLOAT16, FLOAT32, FLOAT64)  # ONNX's float types before bfloat16 was added
 _NAMES = {FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
 
 
@@ -39,6 +40,25 @@ def check_opset(op, opset):
     return int(opset)
 
 
+@dataclass(frozen=True)
+class Version:
+    """One since-version of an ONNX operator: its attributes with their schema
+    defaults, and those the schema requires. Operators subclass it with the fields
+    that carry their per-version behaviour."""
+
+    since: int
+    attributes: dict  # name -> schema default
+    required: tuple = ()  # attributes without a default: the caller must give them
+
+    def label(self, op):
+        return f"{op}-{self.since}"
+
+    @property
+    def counts_outputs(self):
+        """Whether the caller says how many outputs the node has (``num_outputs``)."""
+        return False
+
+
 def version_in_force(op, versions, opset):
     """The version of ``op`` serving a model's ``opset``: the highest since-version
     at or below it (``versions``: since-version -> version record)."""
@@ -50,10 +70,23 @@ def version_in_force(op, versions, opset):
     return versions[max(eligible)]
 
 
-def resolve_attributes(label, defaults, given):
-    """Schema ``defaults`` overlaid with the attributes the caller gave (not None);
-    an attribute the version does not have is a TypeError."""
-    attrs = dict(defaults)
+def version_lookup(op, versions):
+    """``version_for(opset)``: :func:`version_in_force`, cached per opset (a Python
+    int goes straight to the cache: per-call latency)."""
+    in_force = functools.cache(lambda opset: version_in_force(op, versions, opset))
+
+    def version_for(opset):
+        return in_force(opset if type(opset) is int else check_opset(op, opset))
+
+    version_for.__doc__ = f"The {op} version in force at ``opset`` (an integer >= 1)."
+    return version_for
+
+
+def resolve_attributes(label, version, given):
+    """The version's schema defaults overlaid with the attributes the caller gave
+    (not None); an attribute the version does not have, or a required one missing,
+    is a TypeError."""
+    attrs = dict(version.attributes)
     for name, value in given.items():
         if value is None:
             continue
@@ -61,6 +94,10 @@ def resolve_attributes(label, defaults, given):
             have = ", ".join(sorted(attrs))
             raise TypeError(f"{label} has no attribute {name!r} (its attributes: {have})")
         attrs[name] = value
+    for name in version.required:
+        if attrs[name] is None:
+            raise TypeError(f"{label}: attribute {name!r} is required (the schema gives "
+                            "it no default)")
     return attrs
 
 
@@ -166,19 +203,20 @@ def check_channel_params(op, C, named_params):
                              f"{C} channels of X, got shape {p.shape}")
 
 
-def fold_parameters(scale, B, mean, var, epsilon, dtype):
+def fold_parameters(scale, B, mean, var, epsilon, dtype, engine):
     """Per-channel ``(m, a, b)`` in the compute dtype of ``dtype`` such that
     ``(x - m) * a + b`` is ``(x - mean) * scale / sqrt(var + epsilon) + B``.
 
     ``a`` is computed in float64 from the exact float64 values of the parameters and
-    rounded once. When ``mean`` is wider than the compute dtype (a float64 mean with
-    float32 X; every batch mean in training), ``m`` is its rounding and the residual
-    ``(mean - m) * a`` is folded into ``b`` in float64: rounding the mean alone would
-    cost up to half an ulp of |mean| in every output (5e-4 at mean 1e4, std 1).
+    rounded once (by ``engine.fold_scale``). When ``mean`` is wider than the compute
+    dtype (a float64 mean with float32 X; every batch mean in training), ``m`` is its
+    rounding and the residual ``(mean - m) * a`` is folded into ``b`` in float64:
+    rounding the mean alone would cost up to half an ulp of |mean| in every output
+    (5e-4 at mean 1e4, std 1).
     """
     cd = compute_dtype(dtype)
     a = np.empty(scale.shape, cd)
-    scale_over_std(storage_view(scale), storage_view(var), epsilon, a)
+    engine.fold_scale(scale, var, epsilon, a)
     m = mean.astype(cd, copy=False)
     if mean.dtype.itemsize <= cd.itemsize:
         return m, a, B.astype(cd, copy=False)
@@ -265,8 +303,7 @@ def normalize(X, mean, a, b, data_format, out, engine, path=None):
     """Y = (X - mean) * a + b per channel, written to ``out`` (or a new array).
 
     ``engine.scale_shift(x, y, C, S, mean, a, b, path)`` runs over C-contiguous
-    tensors (``engine``: :mod:`normkernels.kernels.dispatch` or the NumPy twin
-    :mod:`normkernels.reference`).
+    tensors (see :class:`normkernels.engine.Engine`).
     """
     return map_layout(X, data_format, out, lambda x, y, C, S: engine.scale_shift(
         x, y, C, S, mean, a, b, path))

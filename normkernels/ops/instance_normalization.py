@@ -14,41 +14,54 @@ float64 input, in float32 runs joined in float64 for 16-bit input (the spec asks
 at least float32 for float16).
 """
 
-import functools
 import math
 from dataclasses import dataclass
 
 from normkernels.ops import common
-from normkernels.ops.common import ALL_FLOATS, BFLOAT16
+from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "InstanceNormalization"
-_NO_BF16 = tuple(d for d in ALL_FLOATS if d != BFLOAT16)
 
 
 @dataclass(frozen=True)
-class Version:
-    since: int
-    attributes: dict  # name -> schema default
-    dtypes: tuple  # allowed dtypes of T (input, scale, B)
-    ranks: str  # "4" or ">=3"
+class Version(common.Version):
+    dtypes: tuple = NO_BF16  # allowed dtypes of T (input, scale, B)
+    min_rank: int = 3  # input is N x C x D1 ... Dn
+    exact_rank: int = None  # opset 1: exactly 4-D
 
 
 VERSIONS = {
-    1: Version(1, {"consumed_inputs": None, "epsilon": 1e-5}, _NO_BF16, "4"),
-    6: Version(6, {"epsilon": 1e-5}, _NO_BF16, ">=3"),
-    22: Version(22, {"epsilon": 1e-5}, ALL_FLOATS, ">=3"),
+    1: Version(1, {"consumed_inputs": None, "epsilon": 1e-5}, exact_rank=4),
+    6: Version(6, {"epsilon": 1e-5}),
+    22: Version(22, {"epsilon": 1e-5}, dtypes=ALL_FLOATS),
 }
 
-
-def version_for(opset):
-    """The InstanceNormalization version in force at ``opset`` (an int >= 1, or a
-    NumPy integer)."""
-    return _version_for(opset if type(opset) is int else common.check_opset(OP, opset))
+version_for = common.version_lookup(OP, VERSIONS)
 
 
-@functools.cache
-def _version_for(opset):
-    return common.version_in_force(OP, VERSIONS, opset)
+def prepare(opset, attributes):
+    """``(version, label, epsilon)`` for these attributes (None: the schema default)
+    at ``opset``, checked."""
+    version = version_for(opset)
+    label = version.label(OP)
+    attrs = common.resolve_attributes(label, version, attributes)
+    return version, label, common.check_epsilon(label, attrs["epsilon"])
+
+
+def check_types(version, label, arrays):
+    """input, scale and B: allowed dtypes of T, one dtype (NumPy or dask arrays)."""
+    for name, arr in arrays.items():
+        common.check_dtype(label, name, arr, version.dtypes)
+    common.check_same_dtype(label, "T", arrays)
+
+
+def check_rank(version, label, shape):
+    if version.exact_rank is not None and len(shape) != version.exact_rank:
+        raise ValueError(f"{label}: input must be {version.exact_rank}-D (N x C x H x W), "
+                         f"got shape {shape}")
+    if len(shape) < version.min_rank:
+        raise ValueError(f"{label}: input must have at least {version.min_rank} dimensions "
+                         f"(N x C x D1 ...); got shape {shape}")
 
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
@@ -56,23 +69,14 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     """Spec layer of :func:`normkernels.instance_normalization`; ``engine`` runs the
     loops (``engine.instance_planes`` for channels-first memory,
     ``engine.instance_rows`` for channels-last)."""
-    version = version_for(opset)
-    label = f"{OP}-{version.since}"
-    attrs = common.resolve_attributes(label, version.attributes,
-                                      {"epsilon": epsilon, "consumed_inputs": consumed_inputs})
-    eps = common.check_epsilon(label, attrs["epsilon"])
+    version, label, eps = prepare(opset, {"epsilon": epsilon,
+                                          "consumed_inputs": consumed_inputs})
     common.check_data_format(label, data_format)
     arrays = {"input": common.as_array("input", input), "scale": common.as_array("scale", scale),
               "B": common.as_array("B", B)}
-    for name, arr in arrays.items():
-        common.check_dtype(label, name, arr, version.dtypes)
-    common.check_same_dtype(label, "T", arrays)
+    check_types(version, label, arrays)
     X = arrays.pop("input")
-    if version.ranks == "4" and X.ndim != 4:
-        raise ValueError(f"{label}: input must be 4-D (N x C x H x W), got shape {X.shape}")
-    if X.ndim < 3:
-        raise ValueError(f"{label}: input must have at least 3 dimensions (N x C x D1 ...); "
-                         f"got shape {X.shape}")
+    check_rank(version, label, X.shape)
     C = common.channel_count(X, data_format)
     common.check_channel_params(label, C, arrays)
     if out is not None:

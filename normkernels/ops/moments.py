@@ -25,8 +25,9 @@ class Moments(NamedTuple):
     M2: np.ndarray
 
 
-def partial_statistics(X, data_format, engine, op=OP):
-    """:class:`Moments` of X (any float dtype, any strides), via ``engine.moments``."""
+def partial_statistics(X, data_format, engine, op=OP, path=None):
+    """:class:`Moments` of X (any float dtype, any strides), via
+    ``engine.channel_moments``."""
     X = common.as_array("X", X)
     common.check_data_format(op, data_format)
     common.check_dtype(op, "X", X, ALL_FLOATS)
@@ -36,19 +37,24 @@ def partial_statistics(X, data_format, engine, op=OP):
     if X.size == 0:
         return Moments(np.zeros(C, np.int64), np.zeros(C), np.zeros(C))
     Xc, C, S = common.contiguous_layout(X, data_format)
-    return Moments(*engine.moments(Xc, C, S))
+    return Moments(*engine.channel_moments(Xc, C, S, path))
 
 
-def statistics(X, data_format, engine, op=OP):
+def statistics(X, data_format, engine, op=OP, path=None):
     """(mean, population variance, dtype-preserving) as :func:`moments` returns them."""
     X = common.as_array("X", X)
-    part = partial_statistics(X, data_format, engine, op)
+    part = partial_statistics(X, data_format, engine, op, path)
     if part.count.size and part.count[0] == 0:
         raise ValueError(f"{op}: X has no elements along the reduced axes "
                          f"(shape {X.shape}); statistics of zero elements are undefined")
     out_dtype = FLOAT64 if X.dtype in (FLOAT32, FLOAT64) else FLOAT32
     var = part.M2 / part.count  # M2 is a sum of squares: never negative
     return part.mean.astype(out_dtype), var.astype(out_dtype)
+
+
+def moments(X, *, data_format="NCX", engine, path=None):
+    """Spec layer of :func:`normkernels.moments`."""
+    return statistics(X, data_format, engine, path=path)
 
 
 def merge(a, b):

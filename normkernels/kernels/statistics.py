@@ -33,13 +33,9 @@ from numba.core.extending import overload
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
-from normkernels.kernels.scale_shift import KERNEL_OPTIONS
+from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_INLINE_OPTIONS, MOMENTS_OPTIONS
 
-# Reductions may be reassociated (vectorised sums) and contracted (FMA); the result
-# then depends on the vector width of the machine, never on the thread count. NaN and
-# Inf still propagate. Contraction took (32,64,112,112) f32 from 5.4 to 4.3 ms.
-MOMENTS_OPTIONS = dict(KERNEL_OPTIONS, fastmath={"reassoc", "contract"})
-_INLINE = dict(MOMENTS_OPTIONS, inline="always")
+_INLINE = MOMENTS_INLINE_OPTIONS
 
 SUB_BLOCK = 4096  # elements reduced at a time (two passes, when needed, in L1)
 NARROW_RUN = 256  # 16-bit X: elements summed in float32 before joining float64 sums
@@ -47,8 +43,6 @@ SHIFT_SAMPLE = 32  # 16-bit X: the shift is the mean of this many first elements
 NARROW_CANCELLATION_LIMIT = 0.5  # 16-bit X: amplification of rounding at most 2
 CANCELLATION_LIMIT = 63.0 / 65.0  # amplification of rounding at most (1+r)/(1-r) = 64
 PLANE_CHUNK = 1 << 16  # elements per parallel work item of the planes kernel
-ROW_BLOCK_ELEMENTS = 1 << 18  # about this many elements per (row block, column tile)
-MIN_ROWS_PER_BLOCK = 16  # bounds the partials to 1/16 of X's elements
 COLUMN_TILE = 4096  # columns per work item, so few wide rows still parallelise
 # Rows added to the column accumulators per sweep: NXC (32,112,112,64) f32 moments
 # went from about 55% to 70% of a read-only sum's bandwidth with 4; 8 measured slower.
@@ -80,7 +74,7 @@ def _deviation(x, i, shift):
 
 
 @njit(**KERNEL_OPTIONS)
-def _difference(a, b):
+def difference(a, b):
     """``a - b`` without fast-math (see :func:`_deviation`)."""
     return a - b
 
@@ -190,7 +184,7 @@ def _span(x):
 
 
 @njit(**_INLINE)
-def _chunk(x):
+def chunk_moments(x):
     """(mean, M2) of a slice, sub-block by sub-block."""
     n, mean, m2 = 0, 0.0, 0.0
     for lo in range(0, x.size, SUB_BLOCK):
@@ -210,7 +204,7 @@ def plane_partials(x, S, part_mean, part_m2):
         p = item // chunks
         lo = p * S + (item % chunks) * PLANE_CHUNK
         hi = min((p + 1) * S, lo + PLANE_CHUNK)
-        part_mean[item], part_m2[item] = _chunk(x[lo:hi])
+        part_mean[item], part_m2[item] = chunk_moments(x[lo:hi])
 
 
 @njit(**MOMENTS_OPTIONS)
@@ -338,7 +332,7 @@ def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2
             for j0 in range(c * S, P, period):
                 for j in range(j0, j0 + S):
                     n += size
-                    total += size * _difference(part_mean[b, j], shift)
+                    total += size * difference(part_mean[b, j], shift)
         mu = shift + total / n
         q = 0.0
         for b in range(n_blocks):

@@ -1,0 +1,50 @@
+"""Execution: how an operator's O(size) work runs, apart from what it computes.
+
+The spec layer (:mod:`normkernels.ops`) checks arguments and works out the layout,
+then hands flat C-contiguous tensors to an :class:`Engine`: element ``i`` belongs to
+channel ``(i // S) % C`` (NCX memory: ``S`` is the spatial size; NXC: ``S = 1``).
+Two engines implement the interface:
+
+* the Numba engine (:mod:`normkernels.engine.numba_engine`): picks a loop and a
+  path (serial, parallel, streaming; :mod:`normkernels.engine.policy`) and launches
+  the kernels of :mod:`normkernels.kernels` under the thread guards of
+  :mod:`normkernels.engine.threads`;
+* the NumPy twin (:class:`normkernels.reference.NumPyEngine`): NumPy only.
+
+Importing this package loads neither Numba nor the kernels.
+"""
+
+PATHS = ("serial", "parallel", "streaming")
+
+
+class Engine:
+    """The interface between the spec layer and the loops.
+
+    ``path`` is one of :data:`PATHS` or None (chosen by size); every path gives the
+    same bits. Statistics are float64 ``(count, mean, M2)`` (M2: the sum of squared
+    deviations); parameters ``mean, a, b`` are in the compute dtype of ``x``.
+    """
+
+    def fold_scale(self, scale, var, epsilon, a):
+        """``a[c] = scale[c] / sqrt(var[c] + epsilon)`` in float64, rounded once into
+        ``a`` (scale, var: any float dtype)."""
+        raise NotImplementedError
+
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None):
+        """``y = (x - mean[c]) * a[c] + b[c]``; ``y`` may be ``x``."""
+        raise NotImplementedError
+
+    def channel_moments(self, x, C, S, path=None):
+        """Per-channel ``(count, mean, M2)`` of ``x``."""
+        raise NotImplementedError
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
+        """Instance normalization of NCX memory (``N * C`` planes of ``S``); writes
+        ``y``, returns the per-plane ``(mean, M2)``."""
+        raise NotImplementedError
+
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
+        """Instance normalization of NXC memory (``N`` samples of ``R`` rows of
+        ``C``); writes ``y``, returns the per-(n, c) ``(mean, M2)``, flat ``n*C + c``."""
+        raise NotImplementedError
+

@@ -1,0 +1,193 @@
+"""The Numba engine: orchestration of the kernels per operator family.
+
+Each method resolves the path once (:func:`policy.resolve_path`: the caller's, or
+one chosen by size; serial in a forked child), picks the loop by the rules of
+:mod:`normkernels.engine.policy`, reports the route it takes, and launches kernels
+under :func:`threads.launch_guard`. Parallel kernels have one-thread twins (same
+source, same bits) that run on the serial path.
+"""
+
+import numpy as np
+
+from normkernels.engine import Engine, policy
+from normkernels.engine.policy import took
+from normkernels.engine.threads import launch_guard
+from normkernels.kernels import fold as folding
+from normkernels.kernels import instance
+from normkernels.kernels import scale_shift as loops
+from normkernels.kernels import statistics as reductions
+from normkernels.kernels.options import MIN_PLANE
+from normkernels.kernels.storage import compute_dtype, storage_view
+
+
+def _views(x, y):
+    return storage_view(x.reshape(-1)), storage_view(y.reshape(-1))
+
+
+def parameter_tables(C, S, mean, a, b):
+    """Per-element parameter tables of one period (``P`` elements) plus padding."""
+    period, pad = policy.table_period(C, S)
+    channel = (np.arange(period + pad) // S) % C
+    return period, mean[channel], a[channel], b[channel]
+
+
+class NumbaEngine(Engine):
+    """:class:`normkernels.engine.Engine` on the Numba kernels."""
+
+    name = "numba"
+
+    def fold_scale(self, scale, var, epsilon, a):
+        folding.scale_over_std(storage_view(scale), storage_view(var), epsilon, a)
+
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None):
+        if not (x.flags.c_contiguous and y.flags.c_contiguous):
+            raise ValueError("scale_shift: x and y must be C-contiguous")
+        xs, ys = _views(x, y)
+        path = policy.resolve_path(ys, path)
+        with launch_guard(path):
+            _scale_shift(xs, ys, C, S, mean, a, b, path)
+
+    def channel_moments(self, x, C, S, path=None):
+        if not x.flags.c_contiguous:
+            raise ValueError("channel_moments: x must be C-contiguous")
+        xs = storage_view(x.reshape(-1))
+        count, mean, m2 = np.zeros(C, np.int64), np.zeros(C), np.zeros(C)
+        if C == 1:
+            S = xs.size  # one channel: the whole tensor is one plane
+        path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
+        n_rows = xs.size // (C * S)
+        if policy.use_plane_moments(S, n_rows):
+            took("moments", "planes", path)
+            _plane_moments(xs, C, S, count, mean, m2, path)
+            return count, mean, m2
+        took("moments", "rows", path)
+        period = C * S
+        width = period * -(-policy.MIN_ROW_COLUMNS // period)
+        wide_rows = xs.size // width
+        _row_moments(xs[:wide_rows * width], width, C, S, count, mean, m2, path)
+        _row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2, path)
+        return count, mean, m2
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
+        xs, ys = _views(x, y)
+        n_planes = xs.size // S
+        cd = compute_dtype(x.dtype)
+        mean, m2 = np.empty(n_planes), np.empty(n_planes)
+        m, a, b = np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd)
+        args = (C, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2, m, a, b)
+        path = policy.resolve_path(ys, path)
+        fused = "fused" if S >= MIN_PLANE else "fused-short"
+        if policy.split_instance_planes(n_planes, S, xs.itemsize, path):
+            took("instance_planes", "split")
+            _plane_moments(xs, n_planes, S, np.zeros(n_planes, np.int64), mean, m2, "parallel")
+            instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
+            self.scale_shift(x, y, n_planes, S, m, a, b, path)
+        elif path == "serial":
+            took("instance_planes", fused, "serial")
+            instance.fused_planes_serial(xs, ys, *args)
+        elif path == "streaming" and S >= MIN_PLANE:
+            took("instance_planes", "fused", "streaming")
+            with launch_guard(path):
+                instance.fused_planes_streaming(xs, ys, *args)
+        else:
+            took("instance_planes", fused, "parallel")
+            with launch_guard(path):
+                instance.fused_planes_parallel(xs, ys, *args)
+        return mean, m2
+
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
+        xs, ys = _views(x, y)
+        R = xs.size // (N * C)
+        rows = policy.rows_per_block(C, reductions.COLUMN_TILE,
+                                     most=min(R, policy.MAX_ROWS_PER_BLOCK))
+        blocks = -(-R // rows)
+        part_mean = np.empty((N * blocks, C))
+        part_m2 = np.empty_like(part_mean)
+        path = policy.resolve_path(ys, path)
+        one = "serial" if path == "serial" else "parallel"  # the statistics' path
+        with launch_guard(one):
+            _kernel(reductions.row_partials, reductions.row_partials_serial, one)(
+                xs, C, R, rows, part_mean, part_m2)
+        mean, m2 = np.empty(N * C), np.empty(N * C)
+        with launch_guard(one):
+            _kernel(instance.merge_sample_rows, instance.merge_sample_rows_serial,
+                    one)(part_mean, part_m2, R, rows, mean, m2)
+        cd = compute_dtype(x.dtype)
+        m, a, b = np.empty(N * C, cd), np.empty(N * C, cd), np.empty(N * C, cd)
+        instance.fold_planes(C, R, storage_view(scale), storage_view(B), float(epsilon),
+                             mean, m2, m, a, b)
+        if R * C >= policy.SAMPLE_CALL_MIN_ELEMENTS:
+            took("instance_rows", "per-sample")
+            x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
+            for n in range(N):
+                cs = slice(n * C, (n + 1) * C)
+                self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
+        else:
+            took("instance_rows", "one-launch", one)
+            with launch_guard(one):
+                _kernel(instance.normalize_rows, instance.normalize_rows_serial, one)(
+                    xs, ys, C, R, rows, m, a, b)
+        return mean, m2
+
+
+ENGINE = NumbaEngine()
+
+
+def _kernel(parallel, serial, path):
+    """The parallel kernel, or on the serial path its one-thread twin."""
+    return serial if path == "serial" else parallel
+
+
+def _scale_shift(xs, ys, C, S, mean, a, b, path):
+    if policy.use_planes(C, S, mean.itemsize):
+        loop = "planes" if S >= MIN_PLANE else "short-planes"
+        if path == "serial":
+            took("scale_shift", loop, "serial")
+            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
+        elif path == "streaming" and S >= MIN_PLANE:
+            took("scale_shift", "planes", "streaming")
+            loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b,
+                                               policy.block_size(xs.size))
+        else:
+            took("scale_shift", loop, "parallel")
+            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b,
+                                              policy.block_size(xs.size))
+        return
+    took("scale_shift", "periodic", path)
+    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
+    if path == "serial":
+        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
+    elif path == "streaming":
+        loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t,
+                                             policy.block_size(xs.size))
+    else:
+        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t,
+                                            policy.block_size(xs.size))
+
+
+def _plane_moments(xs, C, S, count, mean, m2, path):
+    """Per-channel statistics by the planes kernel: partials per (plane, chunk),
+    merged plane by plane (channel ``p % C`` of plane ``p``)."""
+    chunks = -(-S // reductions.PLANE_CHUNK)
+    part_mean = np.empty(xs.size // S * chunks)
+    part_m2 = np.empty_like(part_mean)
+    with launch_guard(path):
+        _kernel(reductions.plane_partials, reductions.plane_partials_serial, path)(
+            xs, S, part_mean, part_m2)
+    reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
+
+
+def _row_moments(xs, P, C, S, count, mean, m2, path):
+    n_rows = xs.size // P
+    if n_rows == 0:
+        return
+    rows = policy.rows_per_block(P, reductions.COLUMN_TILE)
+    n_blocks = -(-n_rows // rows)
+    part_mean = np.empty((n_blocks, P))
+    part_m2 = np.empty((n_blocks, P))
+    with launch_guard(path):
+        _kernel(reductions.row_partials, reductions.row_partials_serial, path)(
+            xs, P, n_rows, rows, part_mean, part_m2)
+        _kernel(reductions.merge_rows, reductions.merge_rows_serial, path)(
+            part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)
+

@@ -1,0 +1,167 @@
+"""Execution policy of the Numba engine: which loop and which path serve a call.
+
+Every path gives the same bits, so these thresholds only move time. Each states its
+rule here; the measurements that chose it, and the alternatives measured and
+rejected, are in ``docs/design.md`` under the constant's name. Editing a value here
+keeps the compiled kernels (the kernel cache covers ``normkernels/kernels/`` only).
+"""
+
+import functools
+import platform
+
+import numba
+
+from normkernels.engine import PATHS, threads
+from normkernels.kernels.options import MIN_PLANE, TABLE_PAD
+
+# --- routes: every way a call can run, by name ---
+# Each decision of the engine reports the route it takes to ``_trace`` when a test
+# has set one: tests/test_paths.py runs a case per route against the float64 oracle
+# and fails on a route (or a kernel launched by the engine) that has no case.
+ROUTES = (
+    "scale_shift/planes/serial", "scale_shift/planes/parallel",
+    "scale_shift/planes/streaming", "scale_shift/short-planes/serial",
+    "scale_shift/short-planes/parallel", "scale_shift/periodic/serial",
+    "scale_shift/periodic/parallel", "scale_shift/periodic/streaming",
+    "moments/planes/serial", "moments/planes/parallel",
+    "moments/rows/serial", "moments/rows/parallel",
+    "instance_planes/fused/serial", "instance_planes/fused/parallel",
+    "instance_planes/fused/streaming", "instance_planes/fused-short/serial",
+    "instance_planes/fused-short/parallel", "instance_planes/split",
+    "instance_rows/per-sample", "instance_rows/one-launch/serial",
+    "instance_rows/one-launch/parallel",
+    "one-thread",  # a forked child: every call on the serial path
+)
+_trace = None
+
+
+def took(*parts):
+    """Report the route ``"/".join(parts)``; joined only when a test is listening, so
+    an ordinary call pays one function call here, no string formatting."""
+    if _trace is not None:
+        _trace("/".join(parts))
+
+
+# --- paths ---
+# One thread below this many elements: a parallel launch costs more than the loop.
+SERIAL_MAX_ELEMENTS = 1 << 16
+# Streaming (non-temporal) stores once Y is this large: it no longer fits in cache.
+STREAMING_MIN_BYTES = 4 << 20
+
+
+@functools.cache
+def streaming_supported():
+    """Streaming stores need x86-64 with AVX (the kernels use 32-byte pieces)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    from llvmlite import binding
+
+    return bool(binding.get_host_cpu_features().get("avx", False))
+
+
+def choose_path(arr):
+    """The path for a call over ``arr`` (a storage array): serial, parallel or
+    streaming (streaming only for an output)."""
+    if arr.size <= SERIAL_MAX_ELEMENTS:
+        return "serial"
+    if arr.nbytes >= STREAMING_MIN_BYTES and arr.flags.aligned and streaming_supported():
+        return "streaming"
+    return "parallel"
+
+
+def resolve_path(arr, path):
+    """``path`` checked, or the one :func:`choose_path` picks for ``arr``; "serial"
+    in a forked child (see :mod:`normkernels.engine.threads`); streaming falls back
+    to parallel where it cannot run."""
+    if path is not None and path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if not threads.parallel_allowed():
+        took("one-thread")
+        return "serial"
+    if path is None:
+        return choose_path(arr)
+    if path == "streaming" and not (streaming_supported() and arr.flags.aligned):
+        return "parallel"
+    return path
+
+
+# --- the normalize loop ---
+# Elements per parallel work item: at most BLOCK_ELEMENTS, at least
+# MIN_BLOCK_ELEMENTS, else about four blocks per thread; a multiple of 64 elements
+# (every vector length).
+BLOCK_ELEMENTS = 1 << 16
+MIN_BLOCK_ELEMENTS = 1 << 12
+# Runs shorter than MIN_PLANE use the periodic loop while its three parameter tables
+# stay within this many bytes (in L2); beyond, the planes loop with scalar runs.
+TABLES_MAX_BYTES = 3 << 19
+# Parameter tables cover a whole number of periods of at least this many elements
+# (the inner loop then vectorises even for C = 1 or 3), plus TABLE_PAD entries of
+# wrap-around.
+MIN_TABLE_PERIOD = 256
+
+
+def block_size(n):
+    """Elements per parallel work item for ``n`` elements."""
+    per_thread = -(-n // (4 * numba.get_num_threads()))
+    block = -(-per_thread // 64) * 64
+    return min(BLOCK_ELEMENTS, max(MIN_BLOCK_ELEMENTS, block))
+
+
+def use_planes(C, S, itemsize):
+    """Planes loop (else periodic) for runs of ``S`` elements per channel."""
+    if S >= MIN_PLANE:
+        return True
+    return S > 1 and 3 * C * S * itemsize > TABLES_MAX_BYTES
+
+
+def table_period(C, S):
+    """Entries of one parameter table before its padding: a multiple of ``C * S``."""
+    period = C * S
+    return period * -(-MIN_TABLE_PERIOD // period), TABLE_PAD
+
+
+# --- statistics ---
+# Rows narrower than this are widened to a multiple of C * S columns, so the
+# per-column loop of the rows kernel has something to vectorise (NXC with C = 3).
+MIN_ROW_COLUMNS = 64
+# Planes kernel (else rows kernel) for runs of S >= MOMENTS_MIN_PLANE when
+# S >= MOMENTS_SHORT_PLANE or there are fewer than MOMENTS_MIN_ROWS rows.
+MOMENTS_MIN_PLANE = 32
+MOMENTS_SHORT_PLANE = 512
+MOMENTS_MIN_ROWS = 32
+# Row blocks of the rows kernel hold about ROW_BLOCK_ELEMENTS per column tile and at
+# least MIN_ROWS_PER_BLOCK rows (bounding the partials to 1/16 of X's elements); at
+# most MAX_ROWS_PER_BLOCK rows for instance statistics, whose sequential float64
+# column sums would otherwise grow long.
+ROW_BLOCK_ELEMENTS = 1 << 18
+MIN_ROWS_PER_BLOCK = 16
+MAX_ROWS_PER_BLOCK = 4096
+
+
+def use_plane_moments(S, n_rows):
+    return S >= MOMENTS_MIN_PLANE and (S >= MOMENTS_SHORT_PLANE or n_rows < MOMENTS_MIN_ROWS)
+
+
+def rows_per_block(width, column_tile, most=None):
+    """Rows per block of the rows kernel for rows of ``width`` columns."""
+    rows = max(MIN_ROWS_PER_BLOCK, ROW_BLOCK_ELEMENTS // min(width, column_tile))
+    return rows if most is None else min(most, rows)
+
+
+# --- instance normalization ---
+# NCX: one plane per work item (statistics, then normalize while the plane is in L2)
+# for planes of FUSED_MIN_PLANE elements up to FUSED_MAX_PLANE_BYTES and at least
+# twice as many planes as threads; otherwise statistics and normalize are split
+# across the threads.
+FUSED_MIN_PLANE = 512
+FUSED_MAX_PLANE_BYTES = 1 << 20
+# NXC: samples of at least this many elements get one normalize call each
+# (streaming stores, parameter tables); smaller ones one launch over all samples.
+SAMPLE_CALL_MIN_ELEMENTS = 1 << 20
+
+
+def split_instance_planes(n_planes, S, itemsize, path):
+    """Split statistics and normalize (else fused per plane) for NCX instance norm."""
+    return S >= MIN_PLANE and path != "serial" and (
+        S < FUSED_MIN_PLANE or S * itemsize > FUSED_MAX_PLANE_BYTES
+        or n_planes < 2 * numba.get_num_threads())

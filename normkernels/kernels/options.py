@@ -1,0 +1,23 @@
+"""Compile options and vector geometry shared by every kernel, set in one place.
+
+No fast-math for elementwise kernels: NaN and Inf must propagate, and FMA contraction
+would make the vector and scalar paths round differently. Reductions may reassociate
+(vectorised sums) and contract (FMA): their result then depends on the machine's
+vector width, never on the thread count; NaN and Inf still propagate.
+"""
+
+KERNEL_OPTIONS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+INLINE_OPTIONS = dict(KERNEL_OPTIONS, inline="always")
+MOMENTS_OPTIONS = dict(KERNEL_OPTIONS, fastmath={"reassoc", "contract"})
+MOMENTS_INLINE_OPTIONS = dict(MOMENTS_OPTIONS, inline="always")
+
+# Every vector operation of the kernels handles 64 bytes (one cache line, one
+# AVX-512 register): 16 float32, 8 float64 or 32 16-bit elements.
+VECTOR_BYTES = 64
+MAX_LANES = VECTOR_BYTES // 2  # elements per vector at the narrowest dtype (16-bit)
+# The planes loop needs planes of at least one vector of the narrowest dtype: a
+# vector then straddles at most two planes.
+MIN_PLANE = MAX_LANES
+# Parameter tables of the periodic loop carry this many entries of wrap-around past
+# one period, so a vector starting at any phase reads inside the table.
+TABLE_PAD = MAX_LANES

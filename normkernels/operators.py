@@ -1,0 +1,179 @@
+"""The operator table: one record per public operator, and what the package needs
+from it.
+
+``normkernels bench`` (workloads, the float64 check, the peers), ``normkernels
+warmup`` and ``coldstart``, :mod:`normkernels.onnx` (``run_node``, the evaluator's
+OpRun classes), :mod:`normkernels.dask` and the benchmark cases in ``bench/`` iterate
+:data:`OPERATORS`; none of them names an operator. Adding an operator is a spec
+module in ``normkernels/ops/``, its public function in ``api.py``, kernels if it
+needs new loops, and one record here (see CONTRIBUTING.md).
+
+Importing this module imports neither Numba nor the operators' spec modules.
+"""
+
+import importlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from normkernels.kernels.storage import BFLOAT16, FLOAT32
+
+YARDSTICK = "batchnorm"  # BN inference: what other operators' times are compared with
+EPSILON = 1e-5  # the attributes every workload runs with (ONNX's defaults)
+MOMENTUM = 0.9  # ONNX convention: weighs the old running value (PyTorch's is 1 - this)
+
+
+@dataclass(frozen=True)
+class Onnx:
+    """The ONNX operator a record implements (``implements``) or is compared with."""
+
+    op_type: str
+    versions: tuple  # since-versions; the last is the latest implemented
+    inputs: tuple  # input names, in order
+    reference_module: str  # onnx.reference.ops module holding the ONNX reference's op
+    implements: bool = True  # False: only the bench's peers use it (an equivalent)
+    domain: str = ""
+
+    @property
+    def latest(self):
+        return self.versions[-1]
+
+
+@dataclass(frozen=True)
+class WarmupCase:
+    """One call that compiles kernels: an NCX shape, a layout, a mode and the paths
+    to force (``threads``: the shape's N scales with the thread count)."""
+
+    label: str
+    ncx_shape: tuple
+    data_format: str = "NCX"
+    mode: str = "inference"
+    paths: tuple = ("serial", "parallel", "streaming")
+    per_thread: bool = False  # N = this many planes' worth per thread (fused paths)
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str  # the bench's and the CLI's key
+    title: str
+    function: str  # the public function in normkernels
+    spec: str  # the spec-layer module in normkernels.ops
+    modes: tuple = ("inference",)
+    dtypes: tuple = ("float16", "bfloat16", "float32", "float64")  # of X (latest opset)
+    n_params: int = 4  # per-channel parameters (scale, B, mean, var order)
+    reads_only: bool = False  # no Y: the roofline is a read, not a copy
+    onnx: Onnx = None
+    torch: str = None  # torch.nn.functional function, or None
+    mode_kwargs: dict = field(default_factory=dict)  # mode -> keyword arguments
+    over_inference: tuple = ()  # modes the bench also times against BN inference
+    warmup: tuple = ()
+
+    def params(self, rng, C, dtype):
+        """The per-channel parameters of a workload: float32 (bfloat16 for the oneDNN
+        op on bfloat16 X), X's dtype for operators whose parameters share X's type."""
+        pdt = dtype if self.name == "instancenorm" else FLOAT32
+        if self.name == "batchnorm-inference" and dtype == BFLOAT16:
+            pdt = BFLOAT16
+        values = (rng.uniform(0.5, 2.0, C), rng.standard_normal(C), rng.standard_normal(C),
+                  rng.uniform(0.5, 2.0, C))
+        return tuple(v.astype(pdt) for v in values[:self.n_params])
+
+    def kwargs(self, mode, data_format):
+        return {**self.mode_kwargs.get(mode, {}), "data_format": data_format}
+
+    def call(self, X, params, mode="inference", data_format="NCX", out=None, engine=None,
+             path=None):
+        """Run the operator: the public function, or with ``engine`` (and ``path``)
+        its spec layer on that engine (the Numba engine when only ``path`` is given)."""
+        kwargs = self.kwargs(mode, data_format)
+        if not self.reads_only:
+            kwargs["out"] = out
+        if engine is None and path is None:
+            import normkernels
+
+            return getattr(normkernels, self.function)(X, *params, **kwargs)
+        if engine is None:
+            from normkernels.engine.numba_engine import ENGINE as engine
+        spec = importlib.import_module(f"normkernels.ops.{self.spec}")
+        return getattr(spec, self.function)(X, *params, engine=engine, path=path, **kwargs)
+
+    def formula(self, X, params, mode, axis, dtype):
+        """What a NumPy user would write, in ``dtype``: Y (mean and variance for
+        moments); parameters broadcast along the channel ``axis``."""
+        reduced = tuple(i for i in range(X.ndim) if i != axis)
+        shape = [1] * X.ndim
+        shape[axis] = -1
+        p = [v.astype(dtype).reshape(shape) for v in params]
+        x = X if dtype == X.dtype else X.astype(dtype)
+        eps = dtype.type(EPSILON)
+        if self.reads_only:
+            return x.mean(axis=reduced), x.var(axis=reduced)
+        if self.name == "instancenorm":
+            reduced = tuple(i for i in reduced if i != 0)
+        if mode == "training" or self.name == "instancenorm":
+            mean = x.mean(axis=reduced, keepdims=True)
+            var = x.var(axis=reduced, keepdims=True)
+        else:
+            mean, var = p[2], p[3]
+        return (x - mean) / np.sqrt(var + eps) * p[0] + p[1]
+
+    def coldstart_call(self, mode):
+        """Source of a first call, for ``normkernels coldstart`` (X, p defined)."""
+        args = ", ".join(["X", *["p"] * self.n_params])
+        kwargs = dict(self.mode_kwargs.get(mode, {}))
+        if self.name == "batchnorm-inference":
+            kwargs["data_format"] = "NCX"
+        extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+        return f"nk.{self.function}({args}{extra})"
+
+
+_SCALE_SHIFT_WARMUP = (WarmupCase("planes", (2, 3, 64)), WarmupCase("periodic", (2, 3, 4)))
+_STATISTICS_WARMUP = (
+    WarmupCase("statistics: planes", (2, 3, 1024), "NCX", "training", ("serial", "parallel")),
+    WarmupCase("statistics: rows", (2, 3, 4, 4), "NXC", "training", ("serial", "parallel")))
+
+OPERATORS = {op.name: op for op in [
+    Operator("batchnorm", "ONNX BatchNormalization", "batch_normalization",
+             "batch_normalization", modes=("inference", "training"),
+             onnx=Onnx("BatchNormalization", (1, 6, 7, 9, 14, 15), ("X", "scale", "B",
+                       "input_mean", "input_var"), "op_batch_normalization"),
+             torch="batch_norm", over_inference=("training",),
+             mode_kwargs={"inference": {"epsilon": EPSILON},
+                          "training": {"epsilon": EPSILON, "momentum": MOMENTUM,
+                                       "training_mode": 1}},
+             warmup=(*_SCALE_SHIFT_WARMUP, *_STATISTICS_WARMUP)),
+    Operator("batchnorm-inference", "oneDNN Graph BatchNormInference-1",
+             "batch_norm_inference", "batch_norm_inference",
+             dtypes=("float16", "bfloat16", "float32"),
+             onnx=Onnx("BatchNormalization", (15,), ("X", "scale", "B", "input_mean",
+                       "input_var"), "op_batch_normalization", implements=False),
+             torch="batch_norm", mode_kwargs={"inference": {"epsilon": EPSILON}},
+             warmup=_SCALE_SHIFT_WARMUP),
+    Operator("instancenorm", "ONNX InstanceNormalization", "instance_normalization",
+             "instance_normalization", n_params=2,
+             onnx=Onnx("InstanceNormalization", (1, 6, 22), ("input", "scale", "B"),
+                       "op_instance_normalization"),
+             torch="instance_norm", over_inference=("inference",),
+             mode_kwargs={"inference": {"epsilon": EPSILON}},
+             warmup=(WarmupCase("fused planes", (1, 2, 1024), per_thread=True),
+                     WarmupCase("fused short planes", (2, 3, 5, 5), paths=("serial",
+                                                                           "parallel")),
+                     WarmupCase("split planes", (2, 3, 64), paths=("parallel",)),
+                     WarmupCase("rows", (2, 4, 4, 3), "NXC", paths=("serial", "parallel")))),
+    Operator("moments", "Per-channel moments", "moments", "moments", n_params=0,
+             reads_only=True),  # its kernels are warmed by batchnorm training
+]}
+
+
+def operator(name):
+    """The record named ``name`` (a KeyError listing the names otherwise)."""
+    try:
+        return OPERATORS[name]
+    except KeyError:
+        raise KeyError(f"no operator {name!r} (operators: {', '.join(OPERATORS)})") from None
+
+
+def onnx_implemented():
+    """op_type -> record, for the ONNX operators normkernels runs."""
+    return {op.onnx.op_type: op for op in OPERATORS.values()
+            if op.onnx is not None and op.onnx.implements}
