@@ -35,7 +35,7 @@ def test_workload(benchmark, flush, sized, workload, candidate):
             pytest.skip(str(exc))
     fn()  # compile / load from cache, touch the output
     benchmark.group = workload.name
-    small = X.nbytes < (1 << 20)
+    small = X.nbytes < benchmarks.SMALL_WORKLOAD_BYTES
     slow = candidate in ("numpy", "onnx-ref")
     rounds = 200 if small else (3 if slow else 15)
     benchmark.pedantic(fn, rounds=rounds, iterations=1,

@@ -190,11 +190,12 @@ def baseline_calls(X, out):
 
 
 # Before each timed call of a large workload the harness writes this much scratch
-# memory, so every candidate starts from the same cold cache. Without it the call
-# that ran just after another one found X in cache: the copy baseline, timed right
-# after normkernels, measured 52 GB/s instead of 31 GB/s. 64 MB and 1 GB of scratch
-# gave the same timings here; 256 MB leaves margin for larger last-level caches.
+# memory (well beyond any last-level cache), so every candidate starts from the same
+# cold cache (see FLUSH_BYTES in docs/design.md).
 FLUSH_BYTES = 256 << 20
+# Workloads below this many bytes of X are timed warm, called in a loop (per-call
+# latency), with 50x the repeats; larger ones cold, after a flush.
+SMALL_WORKLOAD_BYTES = 1 << 20
 
 
 class CacheFlusher:
@@ -219,9 +220,8 @@ def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_eac
     """Median seconds per call of each callable, timed in turn (A B C, B C A, C A B,
     ...); ``before_each`` (untimed) runs before every timed call.
 
-    The order rotates because position mattered: with a fixed order the first
-    candidate of each round measured 0.12-0.17 ms slower on a 1.5 ms workload than
-    the same call timed back to back.
+    The order rotates because position matters (see ``interleaved_medians`` in
+    docs/design.md).
     """
     for _ in range(warmup):
         for fn in calls.values():
@@ -295,7 +295,7 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
             calls[name] = PEERS[name](workload, X, params, threads)
         except Unavailable as exc:
             skipped[name] = str(exc)
-    small = X.nbytes < (1 << 20)  # per-call latency, warm: as called in a loop
+    small = X.nbytes < SMALL_WORKLOAD_BYTES
     medians = interleaved_medians(calls, repeat * (50 if small else 1), warmup,
                                   budget_seconds=budget_seconds,
                                   before_each=None if small else _flusher())

@@ -1,5 +1,6 @@
-"""Independent float64 oracles, written from the specs in ../shared/specs, and the
-error model the kernels are held to.
+"""Independent float64 oracles, written from the ONNX operator documents
+(onnx/docs/Operators.md: BatchNormalization, InstanceNormalization) and oneDNN Graph's
+BatchNormInference specification, and the error model the kernels are held to.
 
 Nothing here imports normkernels: these are the statements the kernels are checked
 against.

@@ -4,11 +4,10 @@
 Threads: Numba's OpenMP layer lets idle workers spin for a while after each parallel
 region (libgomp's default spin count, 300000). When other threads need the cores
 between two kernels (OpenBLAS in a model's Conv, say), the spinning and their
-spinning starve each other: in ResNet-50 under ``onnx.reference`` the 53
-BatchNormalization nodes took 70-130 ms instead of 9 ms. Unless the user has chosen
+spinning starve each other (ResNet-50 under ``onnx.reference``: see
+``GOMP_SPINCOUNT`` in docs/design.md). Unless the user has chosen
 (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set), the spin count is lowered to 1000
-here, before Numba loads libgomp; a tight loop of (1,64,56,56) calls went from 23 to
-28 us per call. It has no effect when libgomp was loaded by someone else first.
+here, before Numba loads libgomp, at a small cost to tight loops of small calls. It has no effect when libgomp was loaded by someone else first.
 """
 
 import os

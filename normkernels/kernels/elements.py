@@ -19,7 +19,7 @@ dtype, so one kernel source serves all four dtypes. The kernels' scalar work (he
 and tails of vector loops, short planes) goes through these; the 64-byte vector
 bodies in :mod:`normkernels.kernels.vectors` reuse the IR builders below.
 
-Conversions, and why they look like this (measured on this machine, Xeon SPR):
+Conversions, and why they look like this (measurements in docs/design.md):
 
 * float16 goes through LLVM's ``half`` type (``fpext``/``fptrunc``): the x86 backend
   emits ``vcvtph2ps``/``vcvtps2ph`` (F16C), exact widening and correctly rounded

@@ -10,8 +10,7 @@ The layout contract is the one of :mod:`normkernels.kernels.scale_shift`: elemen
 * **rows** (``S`` small: NXC and short NCX planes): X is rows of ``P`` columns
   (``P`` a multiple of ``C * S``); each block of rows is reduced per column,
   vectorised across the columns, by the one-pass shifted method of the planes
-  kernel. One partial per (row block, column). Welford's update per row was measured
-  first: 21 ms on (32,112,112,64) f32 against 7 ms for two passes in cache.
+  kernel. One partial per (row block, column).
 
 Arithmetic is float64, except that 16-bit X sums short runs in float32 first (see
 :func:`_span_narrow`). The partials are then merged in a fixed order (plane by
@@ -19,9 +18,9 @@ plane, block by block, column by column), and the partition depends only on the
 shape, never on the thread count: the statistics are bitwise identical for any
 ``NUMBA_NUM_THREADS``.
 
-Measured alternatives: element-by-element Welford along a plane does not vectorise
-(110 ms on (32,64,112,112) f32, against about 10 ms blocked); a float32 sum and sum of
-squares is useless on data with mean 1e4 and std 1 (cancellation).
+Welford's update (per element or per row) does not vectorise and a float32 sum and
+sum of squares cancels on data with mean 1e4 and std 1; the measurements are in
+docs/design.md.
 """
 
 import math
@@ -44,9 +43,7 @@ NARROW_CANCELLATION_LIMIT = 0.5  # 16-bit X: amplification of rounding at most 2
 CANCELLATION_LIMIT = 63.0 / 65.0  # amplification of rounding at most (1+r)/(1-r) = 64
 PLANE_CHUNK = 1 << 16  # elements per parallel work item of the planes kernel
 COLUMN_TILE = 4096  # columns per work item, so few wide rows still parallelise
-# Rows added to the column accumulators per sweep: NXC (32,112,112,64) f32 moments
-# went from about 55% to 70% of a read-only sum's bandwidth with 4; 8 measured slower.
-ROW_UNROLL = 4
+ROW_UNROLL = 4  # rows added to the column accumulators per sweep (docs/design.md)
 
 
 @njit(**_INLINE)
@@ -107,8 +104,7 @@ def _span_narrow(x):
     """``(ok, mean, M2)`` of a short slice of 16-bit X with float32 arithmetic: sums of
     deviations from a shift (the mean of the first SHIFT_SAMPLE elements) over runs
     of NARROW_RUN elements in float32, joined in float64. Twice as fast as the float64
-    path (12 against 5.6 G elements/s per core, float16, in cache), which 16-bit X
-    needs: it has twice the elements per byte.
+    path (docs/design.md), which 16-bit X needs: it has twice the elements per byte.
 
     Error: each deviation and square is rounded once to float32 and each run sums a
     few terms per vector lane, so M2 is within a few float32 ulps (relative); the
@@ -163,8 +159,7 @@ def _span(x):
     With ``d = x - x[0]`` the cancellation amplifies rounding by ``1 + 2 k**2`` where
     ``x[0]`` is ``k`` standard deviations from the mean; past k of about 5.6 (an
     outlier first) the slice is redone with two passes. A constant slice gives its
-    value as mean and M2 = 0 exactly. One pass was measured 1.6x faster on in-cache
-    float32 planes than two. 16-bit X goes through :func:`_span_narrow` first
+    value as mean and M2 = 0 exactly. One pass is the faster (docs/design.md). 16-bit X goes through :func:`_span_narrow` first
     (:func:`_narrow_span` selects it by type).
     """
     ok, mean, m2 = _narrow_span(x)
@@ -270,8 +265,8 @@ def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
         sample_first = (blk // blocks_per_sample) * rows_per_sample
         first = sample_first + (blk % blocks_per_sample) * rows_per_block
         last = min(sample_first + rows_per_sample, first + rows_per_block)
-        # local accumulators and a float64 copy of the shift row: 9.2 -> 7.2 ms on
-        # (32,112,112,64) f32 against accumulating in the partials' rows
+        # local accumulators and a float64 copy of the shift row, not the partials'
+        # rows (faster: docs/design.md, row_partials)
         shift = np.empty(width)
         for j in range(width):
             shift[j] = np.float64(load(x, first * P + j0 + j))
@@ -317,8 +312,7 @@ def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2
     over channels. A channel's groups (row block, column), visited in a fixed order,
     are combined exactly as groups: ``mean = s + sum(n_g * (mean_g - s)) / n`` and
     ``M2 = sum(M2_g) + sum(n_g * (mean_g - mean)**2)`` (no division per group:
-    (64,2048,7,7) merged in 0.35 ms against 1.2 ms serially with Chan's formula
-    per group); the result is then merged (Chan) into the given statistics."""
+    docs/design.md, merge_rows); the result is then merged (Chan) into the given statistics."""
     n_blocks, P = part_mean.shape
     period = C * S
     for c in prange(C):
