@@ -7,7 +7,8 @@ between two kernels (OpenBLAS in a model's Conv, say), the spinning and their
 spinning starve each other (ResNet-50 under ``onnx.reference``: see
 ``GOMP_SPINCOUNT`` in docs/design.md). Unless the user has chosen
 (``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` set), the spin count is lowered to 1000
-here, before Numba loads libgomp, at a small cost to tight loops of small calls. It has no effect when libgomp was loaded by someone else first.
+here, before Numba loads libgomp, at a small cost to tight loops of small calls. It
+has no effect when libgomp was loaded by someone else first.
 """
 
 import os

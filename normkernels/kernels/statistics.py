@@ -159,8 +159,9 @@ def _span(x):
     With ``d = x - x[0]`` the cancellation amplifies rounding by ``1 + 2 k**2`` where
     ``x[0]`` is ``k`` standard deviations from the mean; past k of about 5.6 (an
     outlier first) the slice is redone with two passes. A constant slice gives its
-    value as mean and M2 = 0 exactly. One pass is the faster (docs/design.md). 16-bit X goes through :func:`_span_narrow` first
-    (:func:`_narrow_span` selects it by type).
+    value as mean and M2 = 0 exactly. One pass is the faster (docs/design.md). 16-bit
+    X goes through :func:`_span_narrow` first (:func:`_narrow_span` selects it by
+    type).
     """
     ok, mean, m2 = _narrow_span(x)
     if ok:
