@@ -117,9 +117,7 @@ def make_inputs(workload, seed=0):
 
 def normkernels_call(workload, X, params, out, mode=None):
     """The normkernels call of a workload (``mode`` overrides the workload's)."""
-    op = workload.operator
-    mode = mode or workload.mode
-    return lambda: op.call(X, params, mode, workload.data_format, out)
+    return workload.operator.bound(X, params, mode or workload.mode, workload.data_format, out)
 
 
 def inference_call(workload, X, params, out):
@@ -129,7 +127,7 @@ def inference_call(workload, X, params, out):
         return None
     bn = operator(YARDSTICK)
     p = bn.params(np.random.default_rng(0), workload.channels, DTYPES[workload.dtype])
-    return lambda: bn.call(X, p, "inference", workload.data_format, out)
+    return bn.bound(X, p, "inference", workload.data_format, out)
 
 
 def numpy_call(workload, X, params, dtype=None):

@@ -81,6 +81,17 @@ class Operator:
     def kwargs(self, mode, data_format):
         return {**self.mode_kwargs.get(mode, {}), "data_format": data_format}
 
+    def bound(self, X, params, mode="inference", data_format="NCX", out=None):
+        """A zero-argument call of the public function (arguments bound once: the
+        bench times this, so it adds nothing but the call itself)."""
+        import normkernels
+
+        fn = getattr(normkernels, self.function)
+        kwargs = self.kwargs(mode, data_format)
+        if not self.reads_only:
+            kwargs["out"] = out
+        return lambda: fn(X, *params, **kwargs)
+
     def call(self, X, params, mode="inference", data_format="NCX", out=None, engine=None,
              path=None):
         """Run the operator: the public function, or with ``engine`` (and ``path``)

@@ -24,6 +24,7 @@ attributes (``epsilon``, ``momentum``) are finite real numbers, never strings;
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -125,8 +126,7 @@ SAVED_VAR = ("variance", "inv_std")
 _INT_ATTRIBUTES = {"training_mode": (0, 1), "is_test": None, "spatial": (0, 1)}
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):  # a tuple: cheap to build on every call (per-call latency)
     """What one call computes, once its arguments are checked: everything but the
     tensors."""
 
