@@ -158,22 +158,32 @@ def _broadcast(builder, scalar, lanes):
     return builder.shuffle_vector(first, undef, zeros)
 
 
+# Argument positions in the intrinsics' signatures (listed at the end of the module):
+# (x, y, index, mean, a, b), then ``phase`` for tables, or a second (mean, a, b) and
+# ``split`` for a vector straddling two planes.
+_PARAMETERS = (3, 4, 5)
+_PHASE = 6
+_SECOND = 3  # offset from a first parameter to its second-plane counterpart
+_SPLIT = 9
+
+
 def _parameters(context, builder, sig, args, mode, lanes, elem):
     """The (mean, a, b) vectors for one of the three parameter modes."""
     if mode == "tables":
-        phase = context.cast(builder, args[6], sig.args[6], types.intp)
+        phase = context.cast(builder, args[_PHASE], sig.args[_PHASE], types.intp)
         return [
             _load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], phase),
                          lanes, elem, sig.args[k].dtype.bitwidth // 8)
-            for k in (3, 4, 5)
+            for k in _PARAMETERS
         ]
     if mode == "split":
-        split = context.cast(builder, args[9], sig.args[9], types.int32)
+        split = context.cast(builder, args[_SPLIT], sig.args[_SPLIT], types.int32)
         lane = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
         first = builder.icmp_signed("<", lane, _broadcast(builder, split, lanes))
         return [builder.select(first, _broadcast(builder, args[k], lanes),
-                               _broadcast(builder, args[k + 3], lanes)) for k in (3, 4, 5)]
-    return [_broadcast(builder, args[k], lanes) for k in (3, 4, 5)]
+                               _broadcast(builder, args[k + _SECOND], lanes))
+                for k in _PARAMETERS]
+    return [_broadcast(builder, args[k], lanes) for k in _PARAMETERS]
 
 
 def _store(context, builder, yty, y, index, value, nontemporal):
