@@ -7,6 +7,8 @@ keeps the compiled kernels (the kernel cache covers ``normkernels/kernels/`` onl
 """
 
 import functools
+import glob
+import os
 import platform
 
 import numba
@@ -45,8 +47,57 @@ def took(*parts):
 # --- paths ---
 # One thread below this many elements: a parallel launch costs more than the loop.
 SERIAL_MAX_ELEMENTS = 1 << 16
-# Streaming (non-temporal) stores once Y is this large: it no longer fits in cache.
-STREAMING_MIN_BYTES = 4 << 20
+# Streaming (non-temporal) stores only when a call's traffic (X read plus Y written)
+# exceeds the last-level cache: below, ordinary stores leave Y in cache for the next
+# layer, and streaming would send it to memory (measured 1.9x slower warm).
+STREAMING_ENV = "NORMKERNELS_STREAMING"  # auto (the rule above) | always | never
+STREAMING_CHOICES = ("auto", "always", "never")
+DEFAULT_CACHE_BYTES = 8 << 20  # when the machine does not say (a safe underestimate)
+_CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
+
+
+@functools.cache
+def last_level_cache_bytes():
+    """Size of the largest data (or unified) cache of CPU 0, from sysfs, else from
+    ``sysconf``, else :data:`DEFAULT_CACHE_BYTES`."""
+    sizes = []
+    for index in glob.glob(os.path.join(_CACHE_DIR, "index*")):
+        try:
+            with open(os.path.join(index, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(index, "size")) as f:
+                size = f.read().strip()
+        except OSError:
+            continue
+        if kind in ("Data", "Unified"):
+            sizes.append(_parse_size(size))
+    if not sizes:
+        for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+            try:
+                sizes.append(os.sysconf(name))
+            except (ValueError, OSError, AttributeError):
+                pass
+    best = max((s for s in sizes if s and s > 0), default=0)
+    return best or DEFAULT_CACHE_BYTES
+
+
+def _parse_size(text):
+    """sysfs cache sizes: "32768K", "1M", or plain bytes; 0 when unreadable."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper()
+    scale = units.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in units else text
+    return int(digits) * scale if digits.isdigit() else 0
+
+
+def streaming_mode():
+    """The store policy from ``NORMKERNELS_STREAMING`` (read per call: a user may set it
+    at run time); a value outside :data:`STREAMING_CHOICES` is an error."""
+    mode = os.environ.get(STREAMING_ENV, "auto").strip().lower() or "auto"
+    if mode not in STREAMING_CHOICES:
+        raise ValueError(f"environment variable {STREAMING_ENV} must be one of "
+                         f"{', '.join(STREAMING_CHOICES)}, got {mode!r}")
+    return mode
 
 
 @functools.cache
@@ -59,12 +110,21 @@ def streaming_supported():
     return bool(binding.get_host_cpu_features().get("avx", False))
 
 
+def wants_streaming(nbytes):
+    """Streaming stores for an output of ``nbytes`` (its input as large): by the store
+    policy, auto meaning X and Y together exceed the last-level cache."""
+    mode = streaming_mode()
+    if mode == "auto":
+        return 2 * nbytes > last_level_cache_bytes()
+    return mode == "always"
+
+
 def choose_path(arr):
     """The path for a call over ``arr`` (a storage array): serial, parallel or
     streaming (streaming only for an output)."""
     if arr.size <= SERIAL_MAX_ELEMENTS:
         return "serial"
-    if arr.nbytes >= STREAMING_MIN_BYTES and arr.flags.aligned and streaming_supported():
+    if wants_streaming(arr.nbytes) and arr.flags.aligned and streaming_supported():
         return "streaming"
     return "parallel"
 

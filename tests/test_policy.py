@@ -1,0 +1,75 @@
+"""The store policy: streaming stores only when a call's traffic exceeds the
+last-level cache, and the NORMKERNELS_STREAMING override."""
+
+import numpy as np
+import pytest
+from oracle import assert_close, batch_norm, tolerance
+
+import normkernels as nk
+from normkernels.engine import policy
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def cache_of(monkeypatch):
+    def set_cache(nbytes):
+        monkeypatch.setattr(policy, "last_level_cache_bytes", lambda: nbytes)
+    monkeypatch.delenv(policy.STREAMING_ENV, raising=False)
+    return set_cache
+
+
+@pytest.mark.parametrize("text,expected", [("32768K", 32 * MB), ("1M", MB), ("2G", 2 << 30),
+                                           ("512", 512), ("", 0), ("abcK", 0)])
+def test_parse_cache_size(text, expected):
+    assert policy._parse_size(text) == expected
+
+
+def test_machine_cache_size_is_sane():
+    size = policy.last_level_cache_bytes()
+    assert 256 << 10 <= size <= 4 << 30
+
+
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+def test_streaming_only_beyond_the_cache(cache_of):
+    y = np.empty(1 << 18, np.float32)  # 1 MB: X and Y together 2 MB
+    cache_of(4 * MB)
+    assert policy.choose_path(y) == "parallel"
+    cache_of(2 * MB - 1)
+    assert policy.choose_path(y) == "streaming"
+    assert policy.choose_path(y[:1000]) == "serial"  # small stays serial whatever the cache
+
+
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.parametrize("mode,expected", [("always", "streaming"), ("never", "parallel"),
+                                           ("auto", "parallel"), (" Always ", "streaming")])
+def test_environment_override(cache_of, monkeypatch, mode, expected):
+    cache_of(64 * MB)
+    monkeypatch.setenv(policy.STREAMING_ENV, mode)
+    assert policy.choose_path(np.empty(1 << 18, np.float32)) == expected
+    big = np.empty(1 << 25, np.uint16)  # 64 MB
+    assert policy.choose_path(big) == ("parallel" if mode == "never" else "streaming")
+
+
+def test_bad_environment_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv(policy.STREAMING_ENV, "sometimes")
+    X = np.ones((2, 4, 128, 128), np.float32)
+    p = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match=r"NORMKERNELS_STREAMING.*always.*sometimes"):
+        nk.batch_normalization(X, p, p, p, p)
+
+
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.parametrize("mode,route", [("never", "scale_shift/planes/parallel"),
+                                        ("always", "scale_shift/planes/streaming")])
+def test_public_call_follows_the_policy(rng, monkeypatch, mode, route):
+    taken = []
+    monkeypatch.setattr(policy, "_trace", taken.append)
+    monkeypatch.setenv(policy.STREAMING_ENV, mode)
+    X = rng.normal(3.0, 2.0, (2, 8, 96, 96)).astype(np.float32)
+    scale, B, mean = (rng.normal(size=8).astype(np.float32) for _ in range(3))
+    var = rng.uniform(0.5, 2.0, 8).astype(np.float32)
+    Y = nk.batch_normalization(X, scale, B, mean, var)
+    assert route in taken
+    want = batch_norm(X, scale, B, mean, var, 1e-5)
+    assert_close(Y, want, tolerance(X, scale, B, mean, var, 1e-5, "NCX", np.float32))
