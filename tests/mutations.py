@@ -65,6 +65,8 @@ POLICY = "normkernels/engine/policy.py"
 THREADS = "normkernels/engine/threads.py"
 TWIN = "normkernels/reference.py"
 FOLD = "normkernels/kernels/fold.py"
+INFERENCE_K = "normkernels/kernels/inference.py"
+PLANS = "normkernels/ops/plans.py"
 COMMON = "normkernels/ops/common.py"
 BN_SPEC = "normkernels/ops/batch_normalization.py"
 CACHE = "normkernels/kernels/cache.py"
@@ -121,7 +123,38 @@ MUTATIONS = [
                   "    c = p // (mean.size // C)\n    fold_one(")], INSTANCE),
     mutation("epsilon-dropped/fold", "epsilon left out of a = scale / sqrt(var + eps)", [
         (FOLD, "math.sqrt(np.float64(load(var, c)) + epsilon)",
+         "math.sqrt(np.float64(load(var, c)))")], TRAINING),
+    mutation("epsilon-dropped/inference", "inference folds a = scale / sqrt(var)", [
+        (INFERENCE_K, "math.sqrt(np.float64(load(var, c)) + epsilon)",
          "math.sqrt(np.float64(load(var, c)))")], BN),
+    mutation("mean-residual-not-folded/inference", "inference rounds a float64 mean to "
+             "float32 without folding the residual into B", [
+                 (INFERENCE_K, "b[c] = np.float64(load(B, c)) - residual * a64",
+                  "b[c] = load(B, c)")], BN),
+    mutation("tables-channel/inference", "the serial inference kernel's tables take "
+             "channel i % C", [
+                 (INFERENCE_K, "c = (i // S) % C", "c = i % C")], BN),
+    mutation("plan-writeable-unchecked", "a plan writes into a read-only out", [
+        (PLANS, "elif not out.flags.writeable:", "elif False:")], ["tests/test_plans.py"]),
+    mutation("plan-guard-off", "a plan writes into an out that overlaps an input", [
+        (PLANS, "guard=out is not None)", "guard=False)")], ["tests/test_plans.py"]),
+    mutation("plan-key-untyped", "plan keys without the attributes' types (1.0 for 1)", [
+        (BN_SPEC, "consumed_inputs, num_outputs, saved_var, data_format, type(opset),",
+         "consumed_inputs, num_outputs, saved_var, data_format, type(None),"),
+        (BN_SPEC, "type(epsilon), type(momentum), type(training_mode), type(is_test),",
+         "type(None), type(None), type(None), type(None),"),
+        (BN_SPEC, "type(spatial), type(consumed_inputs), type(num_outputs), type(saved_var),",
+         "type(None), type(None), type(None), type(None),")], ["tests/test_plans.py"]),
+    mutation("plan-out-strides-ignored", "a plan serves an out of other strides", [
+        (PLANS, "return type(out), out.shape, out.strides, out.dtype",
+         "return type(out), out.shape, out.dtype")], ["tests/test_plans.py"]),
+    mutation("plan-for-converted-arrays", "a plan made for arrays the checks converted "
+             "(non-native byte order)", [
+                 (PLANS, "a is b and type(a) is _ndarray", "type(a) is _ndarray")],
+             ["tests/test_plans.py"]),
+    mutation("plan-signed-zero", "a plan made for epsilon 0.0 serves -0.0", [
+        (BN_SPEC, "not call.training and call.epsilon and call.momentum",
+         "not call.training")], ["tests/test_plans.py"]),
     mutation("epsilon-dropped/instance", "instance norm's per-plane fold leaves out epsilon", [
         (FOLD, "a64 = scale / math.sqrt(var + epsilon)", "a64 = scale / math.sqrt(var)")],
              INSTANCE),

@@ -30,6 +30,15 @@ class Engine:
         ``a`` (scale, var: any float dtype)."""
         raise NotImplementedError
 
+    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
+        """``y = (x - mean[c]) * scale[c] / sqrt(var[c] + epsilon) + B[c]`` from the raw
+        parameters (any float dtypes), folded by the rule of
+        :func:`normkernels.ops.common.fold_parameters`; ``y`` may be ``x``. With
+        ``guard`` (a call plan, whose arguments were not checked), first returns False,
+        writing nothing, when ``y`` may share memory with an input other than by
+        being ``x``; else returns True."""
+        raise NotImplementedError
+
     def scale_shift(self, x, y, C, S, mean, a, b, path=None):
         """``y = (x - mean[c]) * a[c] + b[c]``; ``y`` may be ``x``."""
         raise NotImplementedError

@@ -13,7 +13,7 @@ from normkernels.engine import Engine, policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import fold as folding
-from normkernels.kernels import instance
+from normkernels.kernels import inference, instance
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE
@@ -21,7 +21,9 @@ from normkernels.kernels.storage import compute_dtype, storage_view
 
 
 def _views(x, y):
-    return storage_view(x.reshape(-1)), storage_view(y.reshape(-1))
+    # ravel: a view of C-contiguous x and y (the engine's contract), and cheaper than
+    # reshape(-1) (per-call latency)
+    return storage_view(x.ravel()), storage_view(y.ravel())
 
 
 def parameter_tables(C, S, mean, a, b):
@@ -38,6 +40,23 @@ class NumbaEngine(Engine):
 
     def fold_scale(self, scale, var, epsilon, a):
         folding.scale_over_std(storage_view(scale), storage_view(var), epsilon, a)
+
+    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
+        xs, ys = _views(x, y)
+        sv = storage_view
+        params = sv(scale), sv(B), sv(mean), sv(var)
+        path = policy.resolve_path(ys, path)
+        if path == "serial":  # one compiled call: guard, fold, tables, loop (per-call latency)
+            period = policy.inference_period(C, S, x.itemsize)
+            return inference.normalize_serial(xs, ys, C, S, *params, epsilon, period, guard)
+        if guard and inference.shares_input(xs, ys, *params):
+            return False
+        cd = compute_dtype(x.dtype)
+        m, a, b = np.empty(C, cd), np.empty(C, cd), np.empty(C, cd)
+        inference.fold(*params, epsilon, m, a, b)
+        with launch_guard(path):
+            _scale_shift(xs, ys, C, S, m, a, b, path)
+        return True
 
     def scale_shift(self, x, y, C, S, mean, a, b, path=None):
         if not (x.flags.c_contiguous and y.flags.c_contiguous):
@@ -138,9 +157,13 @@ def _kernel(parallel, serial, path):
     return serial if path == "serial" else parallel
 
 
+def _planes_loop(S):
+    return "planes" if S >= MIN_PLANE else "short-planes"
+
+
 def _scale_shift(xs, ys, C, S, mean, a, b, path):
     if policy.use_planes(C, S, mean.itemsize):
-        loop = "planes" if S >= MIN_PLANE else "short-planes"
+        loop = _planes_loop(S)
         if path == "serial":
             took("scale_shift", loop, "serial")
             loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)

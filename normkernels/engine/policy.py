@@ -174,6 +174,16 @@ def use_planes(C, S, itemsize):
     return S > 1 and 3 * C * S * itemsize > TABLES_MAX_BYTES
 
 
+def inference_period(C, S, itemsize):
+    """The serial inference kernel's loop for X of ``itemsize``: 0 for the planes
+    loop, else the period of its parameter tables; reports the route."""
+    if use_planes(C, S, 8 if itemsize == 8 else 4):
+        took("scale_shift", "planes" if S >= MIN_PLANE else "short-planes", "serial")
+        return 0
+    took("scale_shift", "periodic", "serial")
+    return table_period(C, S)[0]
+
+
 def table_period(C, S):
     """Entries of one parameter table before its padding: a multiple of ``C * S``."""
     period = C * S

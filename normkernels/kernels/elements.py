@@ -30,6 +30,7 @@ Conversions, and why they look like this (measurements in docs/design.md):
   in the vector bodies, behind a check that sends subnormal lanes here.
 """
 
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic, overload
@@ -148,3 +149,16 @@ def _store_impl(arr, i, value):
 
         return impl
     return None
+
+
+def compute_empty(arr, n):
+    """A new array of ``n`` elements in the compute dtype of storage array ``arr``
+    (float64 for float64 storage, else float32); callable from ``@njit`` code only."""
+    raise NotImplementedError("compute_empty is only callable from @njit code")
+
+
+@overload(compute_empty, inline="always")
+def _compute_empty_impl(arr, n):
+    if arr.dtype == types.float64:
+        return lambda arr, n: np.empty(n, np.float64)
+    return lambda arr, n: np.empty(n, np.float32)

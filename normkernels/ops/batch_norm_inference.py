@@ -6,7 +6,7 @@ variance) is f32 or bf16, and bf16 only when T1 is bf16. Input is at least 2-D
 (N and C).
 """
 
-from normkernels.ops import common
+from normkernels.ops import common, plans
 from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
 
 OP = "BatchNormInference"
@@ -18,6 +18,24 @@ _PARAMS = ("gamma", "beta", "mean", "variance")
 def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_format="NXC",
                          out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_norm_inference`."""
+    key = given = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, epsilon, data_format, type(epsilon), type(data_format),
+                   type(input), input.shape, input.strides, input.dtype,
+                   type(gamma), gamma.shape, gamma.strides, gamma.dtype,
+                   type(beta), beta.shape, beta.strides, beta.dtype,
+                   type(mean), mean.shape, mean.strides, mean.dtype,
+                   type(variance), variance.shape, variance.strides, variance.dtype,
+                   plans.out_key(out, input))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(input, gamma, beta, mean, variance, out)
+            if Y is not None:
+                return Y
+        given = (input, gamma, beta, mean, variance)
     common.check_data_format(OP, data_format)
     X = common.as_array("input", input)
     values = (gamma, beta, mean, variance)
@@ -36,6 +54,7 @@ def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_fo
     common.check_channel_params(OP, common.channel_count(X, data_format), params)
     if out is not None:
         common.check_out(OP, out, X, params)
-    m, a, b = common.fold_parameters(params["gamma"], params["beta"], params["mean"],
-                                     params["variance"], eps, X.dtype, engine)
-    return common.normalize(X, m, a, b, data_format, out, engine, path)
+    Y = common.infer(X, *params.values(), eps, data_format, out, engine, path)
+    if key is not None and plans.plain(given, (X, *params.values())):
+        plans.add(key, plans.inference(engine, eps, X, data_format, out))
+    return Y

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.ops import common
+from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "BatchNormalization"
@@ -195,6 +195,27 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
                         num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
                         out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_normalization`; ``engine`` runs the loops."""
+    key = given = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, opset, epsilon, momentum, training_mode, is_test, spatial,
+                   consumed_inputs, num_outputs, saved_var, data_format, type(opset),
+                   type(epsilon), type(momentum), type(training_mode), type(is_test),
+                   type(spatial), type(consumed_inputs), type(num_outputs), type(saved_var),
+                   type(data_format), type(X), X.shape, X.strides, X.dtype,
+                   type(scale), scale.shape, scale.strides, scale.dtype,
+                   type(B), B.shape, B.strides, B.dtype,
+                   type(input_mean), input_mean.shape, input_mean.strides, input_mean.dtype,
+                   type(input_var), input_var.shape, input_var.strides, input_var.dtype,
+                   plans.out_key(out, X))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(X, scale, B, input_mean, input_var, out)
+            if Y is not None:
+                return Y
+        given = (X, scale, B, input_mean, input_var)
     call = prepare(opset, {"epsilon": epsilon, "momentum": momentum,
                            "training_mode": training_mode, "is_test": is_test,
                            "spatial": spatial, "consumed_inputs": consumed_inputs},
@@ -214,7 +235,11 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     if not call.spatial:
         return _non_spatial(call, X, arrays, out)
     common.check_channel_params(call.label, common.channel_count(X, data_format), arrays)
-    return _run(call, X, arrays, data_format, out)
+    Y = _run(call, X, arrays, data_format, out)
+    if (key is not None and not call.training and call.epsilon and call.momentum
+            and plans.plain(given, (X, *arrays.values()))):
+        plans.add(key, plans.inference(engine, call.epsilon, X, data_format, out))
+    return Y
 
 
 def _non_spatial(call, X, arrays, out):
@@ -259,10 +284,9 @@ def _non_spatial(call, X, arrays, out):
 
 def _run(call, X, arrays, data_format, out):
     if not call.training:
-        mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"],
-                                            arrays["input_mean"], arrays["input_var"],
-                                            call.epsilon, X.dtype, call.engine)
-        return common.normalize(X, mean, a, b, data_format, out, call.engine, call.path)
+        return common.infer(X, arrays["scale"], arrays["B"], arrays["input_mean"],
+                            arrays["input_var"], call.epsilon, data_format, out, call.engine,
+                            call.path)
     return _training(call, X, arrays, data_format, out)
 
 

@@ -309,6 +309,13 @@ def normalize(X, mean, a, b, data_format, out, engine, path=None):
         x, y, C, S, mean, a, b, path))
 
 
+def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None):
+    """Y = (X - mean) * scale / sqrt(var + epsilon) + B per channel, written to ``out``
+    (or a new array); the engine folds the parameters (:func:`fold_parameters`)."""
+    return map_layout(X, data_format, out, lambda x, y, C, S: engine.inference(
+        x, y, C, S, scale, B, mean, var, epsilon, path))
+
+
 def map_layout(X, data_format, out, kernel):
     """Y from ``kernel(x, y, C, S)`` run over X's memory order, written to ``out`` (or
     a new array in X's memory order).

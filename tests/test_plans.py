@@ -1,0 +1,310 @@
+"""Call plans (normkernels/ops/plans.py) never serve a call they were not made for.
+
+Each test makes a first call (which leaves a plan), checks that a plan was made, and
+then makes a call that differs in one way a plan must notice: other strides, dtype,
+attribute type, an ``out`` that is read-only, overlaps X, or shares memory with a
+parameter (really, or only by its bounds), parameters changed in place, a policy
+changed at run time. Every result is compared bit for bit with the slow twin
+(which makes no plans: it runs on another engine, part of the key) and with the
+float64 oracle; every error must be the one the full checks give.
+"""
+
+import numpy as np
+import pytest
+from arrays import BFLOAT16, assert_identical
+from oracle import assert_close, batch_norm, tolerance
+
+import normkernels as nk
+from normkernels import reference
+from normkernels.engine import policy
+from normkernels.ops import batch_norm_inference as bni_spec
+from normkernels.ops import batch_normalization as bn_spec
+from normkernels.ops import plans
+
+SHAPE = (2, 5, 6, 7)  # NCX; serial path
+
+
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    plans.clear()
+    yield
+    plans.clear()
+
+
+def _params(rng, C, dtype=np.float32):
+    scale, B, mean = (rng.normal(size=C).astype(dtype) for _ in range(3))
+    var = rng.uniform(0.5, 2.0, C).astype(dtype)
+    return [scale, B, mean, var]
+
+
+def _check(Y, X, params, epsilon=1e-5, data_format="NCX", twin=None):
+    want = batch_norm(X, *params, epsilon, data_format)
+    assert_close(Y, want, tolerance(X, *params, epsilon, data_format, X.dtype))
+    if twin is not None:
+        assert_identical(Y, twin)
+
+
+def _forbid_full_path(monkeypatch):
+    """Make the full path fail: a call that gets through used its plan."""
+    def boom(*args, **kwargs):
+        raise AssertionError("the full path ran: the plan was not used")
+    monkeypatch.setattr(bn_spec, "prepare", boom)
+    monkeypatch.setattr(bni_spec.common, "check_data_format", boom)
+
+
+OPS = {
+    "onnx": lambda X, p, **kw: nk.batch_normalization(X, *p, **kw),
+    "onednn": lambda X, p, **kw: nk.batch_norm_inference(
+        X, *p, epsilon=kw.pop("epsilon", 1e-5), data_format=kw.pop("data_format", "NCX"),
+        **kw),
+}
+TWINS = {
+    "onnx": lambda X, p, **kw: reference.batch_normalization(X, *p, **kw),
+    "onednn": lambda X, p, **kw: reference.batch_norm_inference(
+        X, *p, epsilon=kw.pop("epsilon", 1e-5), data_format=kw.pop("data_format", "NCX"),
+        **kw),
+}
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("out_kind", ["none", "out", "inplace"])
+def test_second_call_uses_the_plan(rng, monkeypatch, op, data_format, out_kind):
+    shape = SHAPE if data_format == "NCX" else (2, 6, 7, 5)
+    params = _params(rng, 5)
+    first = rng.normal(3, 2, shape).astype(np.float32)
+    X = rng.normal(-1, 0.5, shape).astype(np.float32)
+
+    def call(X):
+        out = {"none": None, "out": np.empty_like(X), "inplace": X}[out_kind]
+        return OPS[op](X, params, data_format=data_format, out=out), out
+
+    call(first.copy())
+    assert len(plans._plans) == 1
+    twin = TWINS[op](X, params, data_format=data_format)
+    _forbid_full_path(monkeypatch)
+    Y, out = call(Xc := X.copy())
+    assert Y is out if out is not None else Y.shape == X.shape
+    _check(Y, X, params, data_format=data_format, twin=twin)
+    if out_kind != "inplace":
+        assert_identical(Xc, X)
+
+
+def test_channels_last_memory_uses_its_plan(rng, monkeypatch):
+    """Logically NCX, stored channels-last (PyTorch's channels_last): no copy, and Y
+    in the same memory order."""
+    params = _params(rng, 5)
+    X = np.ascontiguousarray(rng.normal(size=(2, 6, 7, 5)).astype(np.float32))
+    X = X.transpose(0, 3, 1, 2)  # NCX view of NXC memory
+    nk.batch_normalization(X, *params)
+    twin = reference.batch_normalization(X, *params)
+    _forbid_full_path(monkeypatch)
+    Y = nk.batch_normalization(X, *params)
+    assert Y.strides == X.strides
+    _check(Y, X, params, twin=twin)
+
+
+def test_other_strides_get_the_full_path(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    nk.batch_normalization(X, *params)
+    wide = rng.normal(size=(2, 5, 6, 14)).astype(np.float32)
+    strided = wide[..., ::2]  # the same shape, other strides: not the plan's layout
+    Y = nk.batch_normalization(strided, *params)
+    _check(Y, strided, params, twin=reference.batch_normalization(strided, *params))
+    out = np.empty_like(X)
+    nk.batch_normalization(X, *params, out=out)
+    strided_out = np.zeros((2, 5, 6, 14), np.float32)[..., ::2]
+    Y = nk.batch_normalization(X, *params, out=strided_out)
+    assert Y is strided_out
+    _check(Y, X, params, twin=reference.batch_normalization(X, *params))
+    reversed_scale = params[0][::-1].copy()[::-1]  # negative stride parameter
+    Y = nk.batch_normalization(X, reversed_scale, *params[1:])
+    _check(Y, X, [reversed_scale, *params[1:]])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16, np.float64])
+def test_other_dtype_gets_its_own_result(rng, dtype):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    nk.batch_normalization(X, *params)
+    Xd = X.astype(dtype)
+    Y = nk.batch_normalization(Xd, *params)
+    assert Y.dtype == dtype
+    _check(Y, Xd, params, twin=reference.batch_normalization(Xd, *params))
+
+
+def test_other_dtype_error_still_raised(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    nk.batch_normalization(X, *params, opset=9)
+    with pytest.raises(TypeError, match="X has dtype bfloat16"):
+        nk.batch_normalization(X.astype(BFLOAT16), *params, opset=9)
+    with pytest.raises(TypeError, match="int32"):
+        nk.batch_normalization(X.astype(np.int32), *params, opset=9)
+
+
+def test_non_native_byte_order_is_converted(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    nk.batch_normalization(X, *params)
+    swapped = X.astype(">f4")
+    for _ in range(2):  # the second call may not have left a plan for ">f4"
+        Y = nk.batch_normalization(swapped, *params)
+        _check(Y, X, params, twin=reference.batch_normalization(X, *params))
+    assert all(key[24] != np.dtype(">f4") for key in plans._plans)
+
+
+@pytest.mark.parametrize("name,good,bad", [
+    ("training_mode", 0, 0.0), ("epsilon", 1e-3, "1e-3"), ("opset", 15, 15.0),
+    ("spatial", 1, 1.0), ("is_test", 1, 1.5)])
+def test_attribute_of_another_type_still_raises(rng, name, good, bad):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    opset = 6 if name in ("spatial", "is_test") else 15
+    kwargs = {"opset": opset, name: good}
+    nk.batch_normalization(X, *params, **kwargs)
+    nk.batch_normalization(X, *params, **kwargs)
+    with pytest.raises((TypeError, ValueError), match=name):
+        nk.batch_normalization(X, *params, **{**kwargs, name: bad})
+
+
+def test_bool_and_numpy_attributes(rng):
+    """Valid attributes of other types (bool, NumPy scalars) give the same result."""
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    want = nk.batch_normalization(X, *params, training_mode=0, epsilon=1e-3)
+    for tm, eps in [(False, 1e-3), (np.int64(0), np.float64(1e-3)), (0, np.float32(1e-3))]:
+        Y = nk.batch_normalization(X, *params, training_mode=tm, epsilon=eps)
+        twin = reference.batch_normalization(X, *params, training_mode=tm, epsilon=eps)
+        assert_identical(Y, twin)
+        if type(eps) is not np.float32:
+            assert_identical(Y, want)
+
+
+def test_signed_zero_epsilon(rng):
+    """-0.0 and 0.0 are equal keys; a variance of -0.0 tells them apart (1/-0 is -inf)."""
+    X = rng.normal(size=(1, 2, 4, 8)).astype(np.float32)
+    params = [np.ones(2, np.float32), np.zeros(2, np.float32), np.zeros(2, np.float32),
+              np.array([-0.0, 1.0], np.float32)]
+    for eps in (0.0, -0.0, 0.0, -0.0):
+        Y = nk.batch_normalization(X, *params, epsilon=eps)
+        assert_identical(Y, reference.batch_normalization(X, *params, epsilon=eps))
+    assert np.isinf(Y[0, 0]).all()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_read_only_out_after_a_plan(rng, op):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    out = np.empty_like(X)
+    OPS[op](X, params, out=out)
+    OPS[op](X, params, out=out)
+    frozen = np.zeros_like(X)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        OPS[op](X, params, out=frozen)
+    assert not frozen.any()
+    X.flags.writeable = False
+    with pytest.raises(ValueError, match="out is read-only"):
+        OPS[op](X, params, out=X)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_out_overlapping_x_after_a_plan(rng, op):
+    size = int(np.prod(SHAPE))
+    buf = rng.normal(size=size + 7).astype(np.float32)
+    X = buf[:size].reshape(SHAPE)
+    params = _params(rng, 5)
+    OPS[op](X, params, out=np.empty_like(X))
+    before = buf.copy()
+    shifted = buf[7:].reshape(SHAPE)  # same shape, strides, dtype as a plain out
+    with pytest.raises(ValueError, match="overlaps X"):
+        OPS[op](X, params, out=shifted)
+    assert_identical(buf, before)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("which", range(4))
+def test_out_sharing_a_parameter_after_a_plan(rng, op, which):
+    size = int(np.prod(SHAPE))
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    params = _params(rng, 5)
+    OPS[op](X, params, out=np.empty_like(X))
+    buf = rng.normal(size=size).astype(np.float32)
+    out = buf.reshape(SHAPE)
+    shared = list(params)
+    shared[which] = buf[100:105]
+    before = buf.copy()
+    with pytest.raises(ValueError, match="shares memory with"):
+        OPS[op](X, shared, out=out)
+    assert_identical(buf, before)
+
+
+def test_bounds_overlap_without_sharing(rng):
+    """out inside the gaps of a strided parameter: the plan's bounds check hands the
+    call to the full checks, which find no shared element and compute it."""
+    size = int(np.prod(SHAPE))
+    stride = size + 8
+    buf = rng.uniform(0.5, 2.0, 5 * stride).astype(np.float32)
+    var = buf[::stride]  # 5 elements, far apart
+    out = buf[1:1 + size].reshape(SHAPE)  # between var[0] and var[1]
+    scale, B, mean = _params(rng, 5)[:3]
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    plain_var = np.empty(5 * stride, np.float32)[::stride]
+    plain_var[:] = var
+    nk.batch_normalization(X, scale, B, mean, plain_var, out=np.empty_like(X))
+    assert len(plans._plans) == 1
+    want = reference.batch_normalization(X, scale, B, mean, var.copy())
+    Y = nk.batch_normalization(X, scale, B, mean, var, out=out)
+    assert Y is out
+    assert_identical(Y, want)
+
+
+def test_parameters_changed_in_place_are_read_again(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    nk.batch_normalization(X, *params)
+    for p in params:
+        p *= 1.5
+    Y = nk.batch_normalization(X, *params)
+    _check(Y, X, params, twin=reference.batch_normalization(X, *params))
+
+
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+def test_policy_changes_apply_to_planned_calls(rng, monkeypatch):
+    """The path is decided on every call, never stored in a plan."""
+    taken = []
+    monkeypatch.setattr(policy, "_trace", taken.append)
+    params = _params(rng, 8)
+    X = rng.normal(size=(2, 8, 96, 96)).astype(np.float32)
+    out = np.empty_like(X)
+    nk.batch_normalization(X, *params, out=out)
+    nk.batch_normalization(X, *params, out=out)
+    assert taken[-1] == "scale_shift/planes/parallel"
+    monkeypatch.setenv(policy.STREAMING_ENV, "always")
+    nk.batch_normalization(X, *params, out=out)
+    assert taken[-1] == "scale_shift/planes/streaming"
+    monkeypatch.setattr(policy, "SERIAL_MAX_ELEMENTS", X.size)
+    Y = nk.batch_normalization(X, *params, out=out)
+    assert taken[-1] == "scale_shift/planes/serial"
+    _check(Y, X, params, twin=reference.batch_normalization(X, *params))
+
+
+def test_store_is_bounded(rng, monkeypatch):
+    monkeypatch.setattr(plans, "LIMIT", 3)
+    params = _params(rng, 5)
+    for n in range(1, 8):
+        X = rng.normal(size=(n, 5, 3)).astype(np.float32)
+        _check(nk.batch_normalization(X, *params), X, params)
+        assert 1 <= len(plans._plans) <= 3
+
+
+def test_no_plan_for_explicit_paths_and_array_likes(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    Y = nk.batch_normalization(X.tolist(), *[p.tolist() for p in params])
+    assert Y.dtype == np.float64
+    from normkernels.engine.numba_engine import ENGINE
+    bn_spec.batch_normalization(X, *params, engine=ENGINE, path="serial")
+    assert not plans._plans
