@@ -152,6 +152,14 @@ MUTATIONS = [
              "(non-native byte order)", [
                  (PLANS, "a is b and type(a) is _ndarray", "type(a) is _ndarray")],
              ["tests/test_plans.py"]),
+    mutation("plan-instance-sharing-unchecked", "an instance-norm plan writes into an out "
+             "that shares memory with scale", [
+                 (PLANS, "elif not out.flags.writeable or (params is not None and _shares(",
+                  "elif not out.flags.writeable or (False and _shares(")],
+             ["tests/test_plans.py"]),
+    mutation("plan-instance-layout", "an instance-norm plan runs channels-last memory as "
+             "planes", [(PLANS, "S != spatial, order", "S == spatial, order")],
+             ["tests/test_plans.py"]),
     mutation("plan-signed-zero", "a plan made for epsilon 0.0 serves -0.0", [
         (BN_SPEC, "not call.training and call.epsilon and call.momentum",
          "not call.training")], ["tests/test_plans.py"]),

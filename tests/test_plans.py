@@ -308,3 +308,61 @@ def test_no_plan_for_explicit_paths_and_array_likes(rng):
     from normkernels.engine.numba_engine import ENGINE
     bn_spec.batch_normalization(X, *params, engine=ENGINE, path="serial")
     assert not plans._plans
+
+
+# --- instance normalization ---
+
+
+def _instance_full_path(X, scale, B, data_format):
+    from normkernels.engine.numba_engine import ENGINE
+    from normkernels.ops import instance_normalization as in_spec
+    return in_spec.instance_normalization(X, scale, B, data_format=data_format, engine=ENGINE,
+                                          path="serial")
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("out_kind", ["none", "out", "inplace"])
+def test_instance_second_call_uses_the_plan(rng, monkeypatch, data_format, out_kind):
+    from normkernels.ops import instance_normalization as in_spec
+    shape = SHAPE if data_format == "NCX" else (2, 6, 7, 5)
+    scale, B = _params(rng, 5)[:2]
+    X = rng.normal(-1, 0.5, shape).astype(np.float32)
+
+    def call(X):
+        out = {"none": None, "out": np.empty_like(X), "inplace": X}[out_kind]
+        return nk.instance_normalization(X, scale, B, data_format=data_format, out=out), out
+
+    call(rng.normal(size=shape).astype(np.float32))
+    assert len(plans._plans) == 1
+    want = _instance_full_path(X, scale, B, data_format)
+    monkeypatch.setattr(in_spec, "prepare", lambda *a: pytest.fail("full path ran"))
+    Y, out = call(Xc := X.copy())
+    assert Y is out if out is not None else Y.shape == X.shape
+    assert_identical(Y, want)
+    if out_kind != "inplace":
+        assert_identical(Xc, X)
+
+
+def test_instance_out_errors_after_a_plan(rng):
+    size = int(np.prod(SHAPE))
+    scale, B = _params(rng, 5)[:2]
+    buf = rng.normal(size=size + 5).astype(np.float32)
+    X = buf[:size].reshape(SHAPE)
+    nk.instance_normalization(X, scale, B, out=np.empty_like(X))
+    before = buf.copy()
+    with pytest.raises(ValueError, match="overlaps X"):
+        nk.instance_normalization(X, scale, B, out=buf[5:].reshape(SHAPE))
+    other = rng.normal(size=size).astype(np.float32)
+    with pytest.raises(ValueError, match="shares memory with scale"):
+        nk.instance_normalization(X, other[7:12], B, out=other.reshape(SHAPE))
+    frozen = np.zeros_like(X)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        nk.instance_normalization(X, scale, B, out=frozen)
+    assert_identical(buf, before)
+    assert not frozen.any()
+    with pytest.raises(TypeError, match="epsilon"):
+        nk.instance_normalization(X, scale, B, epsilon="1e-5", out=np.empty_like(X))
+    with pytest.raises(TypeError, match="bfloat16"):
+        nk.instance_normalization(X.astype(BFLOAT16), scale.astype(BFLOAT16),
+                                  B.astype(BFLOAT16), opset=6)

@@ -17,7 +17,7 @@ at least float32 for float16).
 import math
 from dataclasses import dataclass
 
-from normkernels.ops import common
+from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "InstanceNormalization"
@@ -69,6 +69,22 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     """Spec layer of :func:`normkernels.instance_normalization`; ``engine`` runs the
     loops (``engine.instance_planes`` for channels-first memory,
     ``engine.instance_rows`` for channels-last)."""
+    key = given = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, opset, epsilon, consumed_inputs, data_format, type(opset),
+                   type(epsilon), type(consumed_inputs), type(data_format),
+                   type(input), input.shape, input.strides, input.dtype,
+                   type(scale), scale.shape, scale.strides, scale.dtype,
+                   type(B), B.shape, B.strides, B.dtype, plans.out_key(out, input))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(input, scale, B, out)
+            if Y is not None:
+                return Y
+        given = (input, scale, B)
     version, label, eps = prepare(opset, {"epsilon": epsilon,
                                           "consumed_inputs": consumed_inputs})
     common.check_data_format(label, data_format)
@@ -93,4 +109,7 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
         else:  # channels-last memory
             engine.instance_rows(x, y, N, C, arrays["scale"], arrays["B"], eps, path)
 
-    return common.map_layout(X, data_format, out, kernel)
+    Y = common.map_layout(X, data_format, out, kernel)
+    if key is not None and eps and plans.plain(given, (X, arrays["scale"], arrays["B"])):
+        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial))
+    return Y

@@ -58,6 +58,42 @@ def out_key(out, X):
     return type(out), out.shape, out.strides, out.dtype
 
 
+def _output(plan, X, out, params=None):
+    """``(y, x, y_c)``: Y (``out`` or a new array in X's memory order) and the
+    C-contiguous views the engine runs over; None when ``out`` needs the full
+    checks (read-only, or sharing memory with X or one of ``params``; None: the
+    engine checks sharing itself)."""
+    if out is None:
+        y = np.empty(plan.shape, plan.dtype) if plan.order is None else np.empty_like(X)
+    elif not out.flags.writeable or (params is not None and _shares(out, X, params)):
+        return None
+    else:
+        y = out
+    if plan.order is None:
+        return y, X, y
+    return y, X.transpose(plan.order), y.transpose(plan.order)
+
+
+def _shares(out, X, params):
+    if out is not X and np.may_share_memory(out, X):
+        return True
+    return any(np.may_share_memory(out, p) for p in params)
+
+
+def _layout(X, data_format, out):
+    """``(order, S)`` for a plan: ``order`` None when X is C-contiguous; None when the
+    call needs the full path (an empty X, a copy of X, or of Y into ``out``)."""
+    if X.size == 0:
+        return None
+    layout = common.physical_layout(X, data_format)
+    if layout is None:
+        return None
+    order, S = layout
+    if out is not None and out is not X and not out.transpose(order).flags.c_contiguous:
+        return None
+    return (None if order == tuple(range(X.ndim)) else order), S
+
+
 class Inference(NamedTuple):
     """Per-channel inference (BatchNormalization, BatchNormInference) of X with one
     memory layout: ``order`` transposes X to C-contiguous (None: X is)."""
@@ -71,15 +107,10 @@ class Inference(NamedTuple):
     dtype: object
 
     def __call__(self, X, scale, B, mean, var, out):
-        if out is None:
-            y = np.empty(self.shape, self.dtype) if self.order is None else np.empty_like(X)
-        elif not out.flags.writeable:
-            return None  # the full path raises the error
-        else:
-            y = out
-        x, yc = X, y
-        if self.order is not None:  # C-contiguous views in memory order
-            x, yc = X.transpose(self.order), y.transpose(self.order)
+        views = _output(self, X, out)
+        if views is None:
+            return None
+        y, x, yc = views
         # guard: the engine hands back (False) a call whose out may share memory with
         # an input; the full path then decides
         if self.engine.inference(x, yc, self.C, self.S, scale, B, mean, var, self.epsilon,
@@ -90,15 +121,45 @@ class Inference(NamedTuple):
 
 def inference(engine, epsilon, X, data_format, out):
     """The :class:`Inference` plan of a call that just passed the full checks, or None
-    when its layout needs the full path (a copy of X, or of Y into ``out``)."""
-    if X.size == 0:
+    when its layout needs the full path."""
+    layout = _layout(X, data_format, out)
+    if layout is None:
         return None
-    layout = common.physical_layout(X, data_format)
+    return Inference(engine, epsilon, common.channel_count(X, data_format), layout[1],
+                     layout[0], X.shape, X.dtype)
+
+
+class Instance(NamedTuple):
+    """Instance normalization of X with one memory layout (``rows``: channels last
+    in memory, the engine's ``instance_rows``; else ``instance_planes``)."""
+
+    engine: object
+    epsilon: float
+    N: int
+    C: int
+    S: int
+    rows: bool
+    order: tuple
+    shape: tuple
+    dtype: object
+
+    def __call__(self, X, scale, B, out):
+        views = _output(self, X, out, (scale, B))
+        if views is None:
+            return None
+        y, x, yc = views
+        if self.rows:
+            self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon)
+        else:
+            self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon)
+        return y
+
+
+def instance(engine, epsilon, X, data_format, out, spatial):
+    """The :class:`Instance` plan of a call that just passed the full checks, or None."""
+    layout = _layout(X, data_format, out)
     if layout is None:
         return None
     order, S = layout
-    if out is not None and out is not X and not out.transpose(order).flags.c_contiguous:
-        return None
-    identity = order == tuple(range(X.ndim))
-    return Inference(engine, epsilon, common.channel_count(X, data_format), S,
-                     None if identity and X.flags.c_contiguous else order, X.shape, X.dtype)
+    return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
+                    S != spatial, order, X.shape, X.dtype)
