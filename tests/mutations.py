@@ -121,16 +121,13 @@ MUTATIONS = [
              "channel p // N instead of p % C", [
                  (INSTANCE_K, "    c = p % C\n    fold_one(",
                   "    c = p // (mean.size // C)\n    fold_one(")], INSTANCE),
-    mutation("epsilon-dropped/fold", "epsilon left out of a = scale / sqrt(var + eps)", [
-        (FOLD, "math.sqrt(np.float64(load(var, c)) + epsilon)",
-         "math.sqrt(np.float64(load(var, c)))")], TRAINING),
     mutation("epsilon-dropped/inference", "inference folds a = scale / sqrt(var)", [
         (INFERENCE_K, "math.sqrt(np.float64(load(var, c)) + epsilon)",
          "math.sqrt(np.float64(load(var, c)))")], BN),
     mutation("mean-residual-not-folded/inference", "inference rounds a float64 mean to "
              "float32 without folding the residual into B", [
                  (INFERENCE_K, "b[c] = np.float64(load(B, c)) - residual * a64",
-                  "b[c] = load(B, c)")], BN),
+                  "b[c] = load(B, c)")], TRAINING),
     mutation("tables-channel/inference", "the serial inference kernel's tables take "
              "channel i % C", [
                  (INFERENCE_K, "c = (i // S) % C", "c = i % C")], BN),
@@ -176,7 +173,7 @@ MUTATIONS = [
                   "def _channels_last_order(ndim):\n    return (0, *range(1, ndim))")], BN),
     mutation("mean-residual-not-folded", "a float64 mean rounded to float32 without "
              "folding the residual into B", [
-                 (COMMON, "if mean.dtype.itemsize <= cd.itemsize:", "if True:")], TRAINING),
+                 (TWIN, "if mean.dtype.itemsize <= cd.itemsize:", "if True:")], TRAINING),
     mutation("mean-residual-not-folded/instance", "instance norm's fold drops the residual "
              "of the rounded mean", [
                  (FOLD, "b[i] = B - (mean - np.float64(m[i])) * a64", "b[i] = B")], INSTANCE),

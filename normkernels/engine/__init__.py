@@ -25,15 +25,10 @@ class Engine:
     deviations); parameters ``mean, a, b`` are in the compute dtype of ``x``.
     """
 
-    def fold_scale(self, scale, var, epsilon, a):
-        """``a[c] = scale[c] / sqrt(var[c] + epsilon)`` in float64, rounded once into
-        ``a`` (scale, var: any float dtype)."""
-        raise NotImplementedError
-
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
         """``y = (x - mean[c]) * scale[c] / sqrt(var[c] + epsilon) + B[c]`` from the raw
         parameters (any float dtypes), folded by the rule of
-        :func:`normkernels.ops.common.fold_parameters`; ``y`` may be ``x``. With
+        :func:`normkernels.reference.fold_parameters`; ``y`` may be ``x``. With
         ``guard`` (a call plan, whose arguments were not checked), first returns False,
         writing nothing, when ``y`` may share memory with an input other than by
         being ``x``; else returns True."""

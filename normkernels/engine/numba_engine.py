@@ -12,7 +12,6 @@ import numpy as np
 from normkernels.engine import Engine, policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import fold as folding
 from normkernels.kernels import inference, instance
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
@@ -37,9 +36,6 @@ class NumbaEngine(Engine):
     """:class:`normkernels.engine.Engine` on the Numba kernels."""
 
     name = "numba"
-
-    def fold_scale(self, scale, var, epsilon, a):
-        folding.scale_over_std(storage_view(scale), storage_view(var), epsilon, a)
 
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
         xs, ys = _views(x, y)

@@ -2,8 +2,8 @@
 
 Folding is O(C) but runs on every call; in NumPy it costs several microseconds of
 temporaries, more than the whole normalize pass of a small tensor. :func:`fold`
-states the folding rule of :func:`normkernels.ops.common.fold_parameters` (which the
-NumPy twin runs) in a loop, bit for bit; :func:`normalize_serial` folds and runs the
+states the folding rule of :func:`normkernels.reference.fold_parameters` (the NumPy
+twin's) in a loop, bit for bit; :func:`normalize_serial` folds and runs the
 one-thread loop in one call, so a small tensor costs one compiled call.
 """
 

@@ -301,9 +301,8 @@ def _training(call, X, arrays, data_format, out):
     Xc, C, S = common.contiguous_layout(X, data_format)
     count, batch_mean, m2 = engine.channel_moments(Xc, C, S, call.path)
     batch_var = m2 / count  # population variance (divide by N)
-    mean, a, b = common.fold_parameters(arrays["scale"], arrays["B"], batch_mean, batch_var,
-                                        eps, X.dtype, engine)
-    Y = common.normalize(X, mean, a, b, data_format, out, engine, call.path)
+    Y = common.infer(X, arrays["scale"], arrays["B"], batch_mean, batch_var, eps, data_format,
+                     out, engine, call.path)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
     # divide: saved_var="inv_std" of a zero var + epsilon is inf, as the formula gives
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

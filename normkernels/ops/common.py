@@ -1,4 +1,4 @@
-"""Argument checks, layouts and parameter folding shared by the operators.
+"""Argument checks and layouts shared by the operators.
 
 Everything here is O(C) or O(1) work in NumPy; the O(size) work is done by an
 *engine* (:class:`normkernels.engine.Engine`): the Numba engine or the NumPy twin
@@ -18,7 +18,6 @@ from normkernels.kernels.storage import (
     FLOAT16,
     FLOAT32,
     FLOAT64,
-    compute_dtype,
 )
 
 DATA_FORMATS = ("NCX", "NXC")
@@ -203,30 +202,6 @@ def check_channel_params(op, C, named_params):
                              f"{C} channels of X, got shape {p.shape}")
 
 
-def fold_parameters(scale, B, mean, var, epsilon, dtype, engine):
-    """Per-channel ``(m, a, b)`` in the compute dtype of ``dtype`` such that
-    ``(x - m) * a + b`` is ``(x - mean) * scale / sqrt(var + epsilon) + B``.
-
-    ``a`` is computed in float64 from the exact float64 values of the parameters and
-    rounded once (by ``engine.fold_scale``). When ``mean`` is wider than the compute
-    dtype (a float64 mean with float32 X; every batch mean in training), ``m`` is its
-    rounding and the residual ``(mean - m) * a`` is folded into ``b`` in float64:
-    rounding the mean alone would cost up to half an ulp of |mean| in every output
-    (5e-4 at mean 1e4, std 1).
-    """
-    cd = compute_dtype(dtype)
-    a = np.empty(scale.shape, cd)
-    engine.fold_scale(scale, var, epsilon, a)
-    m = mean.astype(cd, copy=False)
-    if mean.dtype.itemsize <= cd.itemsize:
-        return m, a, B.astype(cd, copy=False)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        a64 = scale.astype(FLOAT64) / np.sqrt(var.astype(FLOAT64) + epsilon)
-        residual = np.where(np.isfinite(m), mean - m.astype(FLOAT64), 0.0)
-        b = (B.astype(FLOAT64) - residual * a64).astype(cd)
-    return m, a, b
-
-
 def _same_view(a, b):
     return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
@@ -299,19 +274,10 @@ def contiguous_layout(X, data_format):
     return X.transpose(order), channel_count(X, data_format), S
 
 
-def normalize(X, mean, a, b, data_format, out, engine, path=None):
-    """Y = (X - mean) * a + b per channel, written to ``out`` (or a new array).
-
-    ``engine.scale_shift(x, y, C, S, mean, a, b, path)`` runs over C-contiguous
-    tensors (see :class:`normkernels.engine.Engine`).
-    """
-    return map_layout(X, data_format, out, lambda x, y, C, S: engine.scale_shift(
-        x, y, C, S, mean, a, b, path))
-
-
 def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None):
     """Y = (X - mean) * scale / sqrt(var + epsilon) + B per channel, written to ``out``
-    (or a new array); the engine folds the parameters (:func:`fold_parameters`)."""
+    (or a new array); the engine folds the parameters (the rule of
+    :func:`normkernels.reference.fold_parameters`)."""
     return map_layout(X, data_format, out, lambda x, y, C, S: engine.inference(
         x, y, C, S, scale, B, mean, var, epsilon, path))
 
