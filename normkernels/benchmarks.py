@@ -191,9 +191,10 @@ def baseline_calls(X, out):
 # memory (well beyond any last-level cache), so every candidate starts from the same
 # cold cache (see FLUSH_BYTES in docs/design.md).
 FLUSH_BYTES = 256 << 20
-# Workloads below this many bytes of X are timed warm, called in a loop (per-call
-# latency), with 50x the repeats; larger ones cold, after a flush.
+# Unless told (``cache``), workloads below this many bytes of X are timed warm, called
+# in a loop (per-call latency), with 50x the repeats; larger ones cold, after a flush.
 SMALL_WORKLOAD_BYTES = 1 << 20
+CACHE_STATES = ("warm", "cold")
 
 
 class CacheFlusher:
@@ -214,9 +215,11 @@ class CacheFlusher:
         self._touch(self._buf)
 
 
-def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_each=None):
+def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_each=None,
+                        touch=False):
     """Median seconds per call of each callable, timed in turn (A B C, B C A, C A B,
-    ...); ``before_each`` (untimed) runs before every timed call.
+    ...); ``before_each`` (untimed) runs before every timed call, and with ``touch``
+    each callable also runs once, untimed, right before its own timed call.
 
     The order rotates because position matters (see ``interleaved_medians`` in
     docs/design.md).
@@ -232,6 +235,8 @@ def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_eac
         for name in names[k:] + names[:k]:
             if before_each is not None:
                 before_each()
+            if touch:
+                calls[name]()
             t0 = time.perf_counter()
             calls[name]()
             times[name].append(time.perf_counter() - t0)
@@ -240,22 +245,77 @@ def interleaved_medians(calls, repeat, warmup=1, budget_seconds=None, before_eac
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def max_relative_error(a, b):
-    """max |a - b| / max(|b|, 1) (``b`` the float64 reference)."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    scale = np.maximum(np.abs(b), 1.0)
-    return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
+def max_relative_error(a, b, block=1 << 22):
+    """max |a - b| / max(|b|, 1) (``b`` the float64 reference), a ``block`` of elements
+    at a time along the first axis: a 100M-element check then holds no float64 copies
+    of whole tensors."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.ndim == 0 or a.size <= block:
+        a = a.astype(np.float64, copy=False)
+        b = b.astype(np.float64, copy=False)
+        scale = np.maximum(np.abs(b), 1.0)
+        return float(np.max(np.abs(a - b) / scale)) if a.size else 0.0
+    step = max(1, block * a.shape[0] // a.size)
+    return max(max_relative_error(a[i:i + step], b[i:i + step], a.size)
+               for i in range(0, a.shape[0], step))
 
 
 @functools.cache
-def _flusher():
+def flusher():
     """One scratch buffer for the whole run (allocated on first use)."""
     return CacheFlusher()
 
 
+def cache_state(cache, nbytes):
+    """The cache state to time in: ``cache`` when given, else warm below
+    :data:`SMALL_WORKLOAD_BYTES` of X and cold above."""
+    if cache is None:
+        return "warm" if nbytes < SMALL_WORKLOAD_BYTES else "cold"
+    if cache not in CACHE_STATES:
+        raise ValueError(f"cache must be warm or cold, got {cache!r}")
+    return cache
+
+
+def timed_medians(calls, cache, repeat, warmup=1, budget_seconds=None):
+    """:func:`interleaved_medians` in a cache state. Warm: each timed call comes right
+    after an untimed call of itself (its inputs and output were just touched, as in a
+    loop, whatever candidate ran before). Cold: right after a cache flush."""
+    if cache == "warm":
+        return interleaved_medians(calls, repeat, warmup, budget_seconds, touch=True)
+    if cache == "cold":
+        return interleaved_medians(calls, repeat, warmup, budget_seconds,
+                                   before_each=flusher())
+    raise ValueError(f"cache must be warm or cold, got {cache!r}")
+
+
+def comparison_calls(workload, X, params, peers, threads, baselines=("copy", "read", "axpb"),
+                     yardstick=True):
+    """What normkernels is timed beside, as {name: call}, and {peer: reason} for the
+    peers that cannot run: the ``baselines`` asked for (no ``axpb`` for operators
+    without Y), BN inference for the ``over_inference`` modes (with ``yardstick``),
+    and the ``peers``."""
+    from normkernels.peers import PEERS, Unavailable
+
+    calls = {}
+    if baselines:
+        available = baseline_calls(X, np.empty_like(X))
+        for name in baselines:
+            if not (name == "axpb" and workload.operator.reads_only):
+                calls[name] = available[name]
+    inference = inference_call(workload, X, params, np.empty_like(X)) if yardstick else None
+    if inference is not None:
+        calls["inference"] = inference
+    skipped = {}
+    for name in peers:
+        try:
+            calls[name] = PEERS[name](workload, X, params, threads)
+        except Unavailable as exc:
+            skipped[name] = str(exc)
+    return calls, skipped
+
+
 def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
-                 budget_seconds=60):
+                 budget_seconds=60, cache=None):
     """Time one workload beside the roofline baselines and the peers; returns a dict.
 
     Baselines: ``copy`` (a parallel copy of the bytes of X into Y), ``read`` (a parallel
@@ -265,11 +325,10 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     (``over_inference``). Peers (see :mod:`normkernels.peers`) that cannot run are
     listed in ``skipped`` with the reason; every peer's Y is checked against
     normkernels' (``agreement``: max relative difference) and normkernels' against
-    the formula in float64 (``max_rel_err``).
+    the formula in float64 (``max_rel_err``). ``cache``: warm, cold or None (by size,
+    see :func:`cache_state`); the result's ``cache`` says which.
     """
     import numba
-
-    from normkernels.peers import PEERS, Unavailable
 
     threads = threads or numba.get_num_threads()
     X, params = make_inputs(workload)
@@ -278,32 +337,22 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     t0 = time.perf_counter()
     result_nk = nk()
     first_call = time.perf_counter() - t0
-    baselines = baseline_calls(X, np.empty_like(X))
     reads_only = workload.operator.reads_only
     roofline = "read" if reads_only else "copy"
-    calls = {"normkernels": nk, "copy": baselines["copy"], "read": baselines["read"]}
-    if not reads_only:
-        calls["axpb"] = baselines["axpb"]
-    yardstick = inference_call(workload, X, params, np.empty_like(X))
-    if yardstick is not None:
-        calls["inference"] = yardstick
-    skipped = {}
-    for name in peers:
-        try:
-            calls[name] = PEERS[name](workload, X, params, threads)
-        except Unavailable as exc:
-            skipped[name] = str(exc)
-    small = X.nbytes < SMALL_WORKLOAD_BYTES
-    medians = interleaved_medians(calls, repeat * (50 if small else 1), warmup,
-                                  budget_seconds=budget_seconds,
-                                  before_each=None if small else _flusher())
+    others, skipped = comparison_calls(workload, X, params, peers, threads)
+    calls = {"normkernels": nk, **others}
+    cache = cache_state(cache, X.nbytes)
+    # many short warm calls give a steady median; cold ones are slower and steadier
+    small = cache == "warm" and X.nbytes < SMALL_WORKLOAD_BYTES
+    medians = timed_medians(calls, cache, repeat * (50 if small else 1), warmup,
+                            budget_seconds=budget_seconds)
     nbytes = (1 if reads_only else 2) * X.nbytes
     nk_time = medians["normkernels"]
     result = {
         "workload": workload.name, "op": workload.op, "mode": workload.mode,
         "shape": list(workload.layout_shape),
         "dtype": workload.dtype, "data_format": workload.data_format, "bytes": nbytes,
-        "threads": threads, "first_call_s": first_call,
+        "threads": threads, "cache": cache, "first_call_s": first_call,
         "seconds": medians,
         "gbps": {k: nbytes / v / 1e9 for k, v in medians.items()},
         "roofline": roofline,
@@ -319,16 +368,23 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
         result["over_inference"] = nk_time / medians["inference"]
     exact = numpy_call(workload, X, params, np.float64)()
     result["max_rel_err"] = {"normkernels": _error(workload, result_nk, exact)}
-    ours = result_nk[0] if isinstance(result_nk, tuple) and not reads_only else result_nk
     result["agreement"] = {}
     for name in result["ratios"]:
         theirs = calls[name]()
-        result["agreement"][name] = _error(workload, theirs, ours)
+        result["agreement"][name] = agreement(workload, theirs, result_nk)
         if name == "numpy":
             result["max_rel_err"]["numpy"] = _error(workload, theirs, exact)
     if "numpy" in result["ratios"]:
         result["numpy_over_normkernels"] = result["ratios"]["numpy"]
     return result
+
+
+def agreement(workload, theirs, ours):
+    """Max relative difference of a peer's result from normkernels' (``ours``, what
+    its call returned): Y, or mean and variance for moments."""
+    if isinstance(ours, tuple) and not workload.operator.reads_only:
+        ours = ours[0]
+    return _error(workload, theirs, ours)
 
 
 def _error(workload, got, exact):

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 
+from normkernels import sweep
 from normkernels.operators import OPERATORS, YARDSTICK
 
 
@@ -41,7 +42,8 @@ def result_rows(results, peers):
     rows = []
     for r in results:
         s, g = r["seconds"], r["gbps"]
-        row = [r["workload"], "x".join(map(str, r["shape"])), f"{s['normkernels'] * 1e3:.3f}",
+        row = [r["workload"], "x".join(map(str, r["shape"])), r.get("cache", "-"),
+               f"{s['normkernels'] * 1e3:.3f}",
                f"{g['normkernels']:.1f}", f"{g[r['roofline']]:.1f} {r['roofline']}",
                f"{r['pct_of_roofline']:.0f}%",
                f"{r['over_inference']:.2f}x" if "over_inference" in r else "-"]
@@ -53,19 +55,20 @@ def result_rows(results, peers):
                 row.append("-")
         row += [f"{r['max_rel_err']['normkernels']:.0e}", f"{r['first_call_s'] * 1e3:.0f}"]
         rows.append(row)
-    headers = ["workload", "shape", "ms", "GB/s", "limit GB/s", "% limit", "/ BN inf",
+    headers = ["workload", "shape", "cache", "ms", "GB/s", "limit GB/s", "% limit", "/ BN inf",
                *[f"{p} /nk" for p in peers], "nk err", "1st call ms"]
     return rows, headers
 
 
 LEGEND = (
-    "ms: median time of normkernels (out= given); GB/s: bytes of X read + Y written (X "
-    "only for moments) per second; limit: a parallel copy of the same bytes (read: a "
-    "parallel read-only sum), measured in the same run; / BN inf: time over BN "
-    "inference on the same tensor; <peer> /nk: the peer's time over normkernels' "
-    "(higher is slower), '!' when its Y differs from normkernels' by more than its dtype "
-    "can hold; nk err: max relative error against the formula in float64; 1st call: "
-    "compile or load from the disk cache.")
+    "cache: warm (each timed call right after an untimed call of itself) or cold (after "
+    "256 MB of scratch memory was written); ms: median time of normkernels (out= "
+    "given); GB/s: bytes of X read + Y written (X only for moments) per second; limit: "
+    "a parallel copy of the same bytes (read: a parallel read-only sum), measured in "
+    "the same run; / BN inf: time over BN inference on the same tensor; <peer> /nk: the "
+    "peer's time over normkernels' (higher is slower), '!' when its Y differs from "
+    "normkernels' by more than its dtype can hold; nk err: max relative error against "
+    "the formula in float64; 1st call: compile or load from the disk cache.")
 
 
 def markdown_table(rows, headers):
@@ -132,27 +135,32 @@ def cmd_bench(args):
     if args.threads:
         numba.set_num_threads(args.threads)
     try:
-        workloads = _workloads(args, benchmarks)
+        workloads = [] if args.sweep else _workloads(args, benchmarks)
     except ValueError as exc:
         print(f"normkernels bench: {exc}", file=sys.stderr)
         return 2
-    peers = [p for p in PEER_ORDER if p in (args.peers or PEER_ORDER)]
+    default_peers = [p for p in PEER_ORDER if not (args.sweep and p in sweep.SKIPPED_PEERS)]
+    peers = [p for p in PEER_ORDER if p in (args.peers or default_peers)]
     if args.no_numpy and "numpy" in peers:
         peers.remove("numpy")
     if "openvino" in peers:  # see normkernels.peers: Numba's threading layer first
         benchmarks.baseline_calls(*(2 * [__import__("numpy").zeros(1 << 17)]))["read"]()
-    repeat = args.repeat or (3 if args.quick else 10)
     threads = numba.get_num_threads()
+    if args.sweep:
+        return sweep.command(args, peers, threads)
+    repeat = args.repeat or (3 if args.quick else 10)
+    caches = (f"{args.cache} caches" if args.cache else
+              "warm caches below 1 MB of X, cold (flushed before each timed call) above")
     print(f"normkernels bench: {threads} threads ({numba.threading_layer()}), median of "
-          f"up to {repeat} interleaved repeats, caches flushed before each timed call of "
-          "a large workload", flush=True)
+          f"up to {repeat} interleaved repeats, {caches}", flush=True)
     results = []
     start = time.perf_counter()
     for i, w in enumerate(workloads):
         _progress(i, len(workloads), w.name)
         results.append(benchmarks.run_workload(w, repeat=repeat, warmup=args.warmup,
                                                peers=peers, threads=threads,
-                                               budget_seconds=20 if args.quick else 40))
+                                               budget_seconds=20 if args.quick else 40,
+                                               cache=args.cache))
     _progress(len(workloads), len(workloads), f"done in {time.perf_counter() - start:.0f} s")
     rows, headers = result_rows(results, peers)
     print(_format_table(rows, headers))
@@ -335,15 +343,28 @@ def main(argv=None):
     bench.add_argument("--layout", help="NCX (default) or NXC")
     bench.add_argument("--peers", nargs="*", choices=list(PEER_ORDER),
                        help=f"peers to compare (default: every one installed: "
-                            f"{', '.join(PEER_ORDER)})")
+                            f"{', '.join(PEER_ORDER)}; --sweep leaves out onnx-ref)")
     bench.add_argument("--list", action="store_true", help="list suites and workloads")
-    bench.add_argument("--repeat", type=int, help="interleaved repeats (default 10; 3 quick)")
+    bench.add_argument("--repeat", type=int, help="interleaved repeats (default 10; 3 quick; "
+                       f"--sweep: at least this many per size, default {sweep.DEFAULT_REPEAT})")
     bench.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     bench.add_argument("--threads", type=int, help="Numba threads (default: all cores)")
     bench.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     bench.add_argument("--json", help="also write the results to this JSON file")
     bench.add_argument("--markdown", help="also write the table to this Markdown file")
-    bench.add_argument("--plot", help="also draw GB/s per workload and peer to this PNG")
+    bench.add_argument("--plot", help="also draw GB/s per workload and peer to this PNG "
+                       "(with --sweep: time per call against size)")
+    bench.add_argument("--cache", choices=["warm", "cold"],
+                       help="time each call right after an untimed call of itself (warm) or "
+                            "after a cache flush (cold); default: warm below 1 MB of X, "
+                            "cold above (--sweep: both)")
+    bench.add_argument("--sweep", action="store_true",
+                       help="time one operator (--op/--mode/--dtype/--layout; default BN "
+                            "inference, float32, NCX) at sizes from 1 to ~100M elements, "
+                            "warm and cold, and list where normkernels is slower than a peer")
+    bench.add_argument("--sweep-max-elements", type=sweep.positive_int,
+                       help="--sweep: leave out sizes above this many elements (default "
+                            "1.1e8: all)")
     bench.set_defaults(func=cmd_bench)
     onnx_cmd = sub.add_parser("onnx", help="time light-zoo models under onnx.reference, "
                               "with and without the normkernels ops (needs onnx)")
@@ -361,6 +382,8 @@ def main(argv=None):
     sub.add_parser("info", help="versions, threads, cache").set_defaults(func=cmd_info)
     sub.add_parser("warmup", help="compile every kernel now").set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        sweep.check_arguments(bench, args)
     return args.func(args)
 
 

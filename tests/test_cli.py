@@ -146,3 +146,139 @@ def test_coldstart_measures_fresh_processes(monkeypatch, capsys):
     assert cli.main(["coldstart", "--shape", "2,3,8,8", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert f"{family}: first call, empty cache" in out and "import numba" in out
+
+
+def _row(table, first):
+    """The cells of the table line starting with ``first``."""
+    return next(line.split() for line in table.splitlines() if line.split()[:1] == [first])
+
+
+def test_bench_cache_state_is_chosen_and_reported(tmp_path, capsys):
+    """--cache warm/cold is used as told and shows in the table and the JSON; without
+    it a small workload is timed warm."""
+    for cache in ("cold", "warm", None):
+        out = tmp_path / f"{cache}.json"
+        argv = ["bench", "--workload", "tiny-f32", "--repeat", "1", "--peers", "numpy",
+                "--json", str(out)] + (["--cache", cache] if cache else [])
+        assert cli.main(argv) == 0
+        table = capsys.readouterr().out
+        expected = cache or "warm"
+        assert _row(table, "workload")[2] == "cache"
+        assert _row(table, "tiny-f32")[2] == expected
+        assert (f"{cache} caches" in table) == (cache is not None)
+        assert json.loads(out.read_text())["results"][0]["cache"] == expected
+
+
+def test_timed_medians_touches_warm_calls_and_flushes_cold_ones(monkeypatch):
+    """Warm: every timed call follows an untimed call of itself; cold: a flush."""
+    log = []
+    calls = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
+    benchmarks.timed_medians(calls, "warm", 2, warmup=0)
+    assert log == ["a", "a", "b", "b", "b", "b", "a", "a"]
+    log.clear()
+    monkeypatch.setattr(benchmarks, "flusher", lambda: lambda: log.append("flush"))
+    benchmarks.timed_medians(calls, "cold", 1, warmup=0)
+    assert log == ["flush", "a", "flush", "b"]
+    with pytest.raises(ValueError, match="warm or cold"):
+        benchmarks.timed_medians(calls, "hot", 1)
+
+
+def test_max_relative_error_in_blocks_equals_the_whole():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((7, 3, 5)).astype(np.float32)
+    b = a.astype(np.float64) * (1 + 1e-3 * rng.standard_normal(a.shape))
+    whole = benchmarks.max_relative_error(a, b)
+    assert whole > 0
+    for block in (1, 15, 16, 104):
+        assert benchmarks.max_relative_error(a, b, block=block) == whole
+
+
+def test_sweep_times_each_size_in_both_cache_states(tmp_path, capsys):
+    from normkernels import sweep
+
+    files = {k: tmp_path / f"s.{k}" for k in ("json", "md")}
+    argv = ["bench", "--sweep", "--sweep-max-elements", "5000", "--repeat", "1",
+            "--json", str(files["json"]), "--markdown", str(files["md"])]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "batchnorm inference, float32, NCX, 2 sizes up to 5,000 elements" in out
+    data = json.loads(files["json"].read_text())
+    peers = [p for p in cli.PEER_ORDER if p != "onnx-ref"]  # the sweep's default
+    assert data["peers"] == peers and data["sweep"]["caches"] == ["warm", "cold"]
+    assert data["threads"] >= 1 and "load_average" in data
+    assert data["sweep"]["shapes"] == [[1, 1, 1, 1], [1, 16, 8, 8]]
+    compared = data["sweep"]["compared"]
+    assert "numpy" in compared
+    assert [(r["cache"], r["elements"]) for r in data["results"]] == [
+        ("warm", 1), ("warm", 1024), ("cold", 1), ("cold", 1024)]
+    for r in data["results"]:
+        assert set(r["seconds"]) == {"normkernels", "copy", *compared}
+        assert set(r["ratios"]) | set(r["skipped"]) == set(peers)
+        assert r["bytes"] == 2 * 4 * r["elements"]
+        assert r["gbps"]["normkernels"] == pytest.approx(
+            r["bytes"] / r["seconds"]["normkernels"] / 1e9)
+        assert 1 <= r["rounds"] <= sweep.MAX_ROUND_SCALE
+        assert all(cli._agrees(r, p) for p in r["ratios"])
+    for cache in ("warm", "cold"):
+        assert f"{sweep.CACHE_TITLES[cache]}:" in out
+        assert f"### {sweep.CACHE_TITLES[cache]}" in files["md"].read_text()
+        slower = data["crossovers"][cache]
+        assert set(slower) == set(compared)
+        for peer, points in slower.items():
+            expected = [r["elements"] for r in data["results"]
+                        if r["cache"] == cache and r["ratios"][peer] < 1]
+            assert [p["elements"] for p in points] == expected
+            line = next(ln.split(None, 2) for ln in out.splitlines()
+                        if ln.split()[:2] == [cache, peer])
+            assert (line[2] == "none") == (not expected)
+            assert f"- {cache}, {peer}: {line[2]}" in files["md"].read_text()
+    assert sweep.CROSSOVER_TITLE in out
+    warm_table = out.split(sweep.CACHE_TITLES["warm"])[1].split(sweep.CACHE_TITLES["cold"])[0]
+    assert _row(warm_table, "1,024")[1] == "1x16x8x8"
+
+
+def test_sweep_plot_one_cache_state_nxc(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from normkernels import sweep
+
+    png, js = tmp_path / "s.png", tmp_path / "s.json"
+    argv = ["bench", "--sweep", "--sweep-max-elements", "1100", "--repeat", "1", "--cache",
+            "cold", "--layout", "NXC", "--peers", "numpy", "--plot", str(png), "--json",
+            str(js)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert sweep.CACHE_TITLES["cold"] in out and sweep.CACHE_TITLES["warm"] not in out
+    data = json.loads(js.read_text())
+    assert [r["workload"] for r in data["results"]] == [
+        "batchnorm-inference-1x1x1x1-float32-nxc", "batchnorm-inference-1x16x8x8-float32-nxc"]
+    assert data["results"][1]["shape"] == [1, 8, 8, 16]  # NXC storage of 1x16x8x8
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_sweep_crossovers_are_the_sizes_where_normkernels_is_slower():
+    from normkernels import sweep
+
+    def result(cache, n, ratios):
+        return {"cache": cache, "ncx_shape": [1, n], "elements": n, "ratios": ratios}
+
+    results = [result("warm", 1, {"a": 0.5, "b": 2.0}), result("warm", 9, {"a": 1.5}),
+               result("cold", 1, {"a": 3.0}), result("cold", 9, {"a": 0.9, "b": 0.8})]
+    found = sweep.crossovers(results, ["a", "b", "c"], ("warm", "cold"))
+    assert found == {
+        "warm": {"a": [{"shape": [1, 1], "elements": 1, "ratio": 0.5}], "b": []},
+        "cold": {"a": [{"shape": [1, 9], "elements": 9, "ratio": 0.9}],
+                 "b": [{"shape": [1, 9], "elements": 9, "ratio": 0.8}]}}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--cache", "hot"], "argument --cache: invalid choice: 'hot'"),
+    (["--sweep", "--sweep-max-elements", "0"], "argument --sweep-max-elements: must be"),
+    (["--sweep", "--sweep-max-elements", "many"], "argument --sweep-max-elements: not a"),
+    (["--sweep-max-elements", "100"], "--sweep-max-elements needs --sweep"),
+    (["--sweep", "--workload", "tiny-f32"], "--sweep times its own sizes"),
+])
+def test_bench_rejects_bad_cache_and_sweep_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
