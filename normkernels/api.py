@@ -142,7 +142,7 @@ def moments(X, *, data_format="NCX"):
     float64, variance within 1e-6 relative), bitwise the same for any thread count.
     Returns float64 arrays for float32/float64 X, float32 for float16/bfloat16.
     """
-    return _moments.statistics(X, data_format, ENGINE)
+    return _moments.moments(X, data_format=data_format, engine=ENGINE)
 
 
 def partial_moments(X, *, data_format="NCX"):

@@ -67,6 +67,7 @@ TWIN = "normkernels/reference.py"
 FOLD = "normkernels/kernels/fold.py"
 INFERENCE_K = "normkernels/kernels/inference.py"
 PLANS = "normkernels/ops/plans.py"
+MOMENTS_SPEC = "normkernels/ops/moments.py"
 COMMON = "normkernels/ops/common.py"
 BN_SPEC = "normkernels/ops/batch_normalization.py"
 CACHE = "normkernels/kernels/cache.py"
@@ -157,9 +158,19 @@ MUTATIONS = [
     mutation("plan-instance-layout", "an instance-norm plan runs channels-last memory as "
              "planes", [(PLANS, "S != spatial, order", "S == spatial, order")],
              ["tests/test_plans.py"]),
+    mutation("plan-training-sharing-unchecked", "a training plan writes into an out that "
+             "shares memory with input_mean", [
+                 (PLANS, "if out is not None and (not out.flags.writeable or _shares(out, X, "
+                  "params)):", "if out is not None and not out.flags.writeable:")],
+             ["tests/test_plans.py"]),
+    mutation("plan-moments-layout", "a moments plan reads the channels of NXC memory as "
+             "NCX", [
+                 (MOMENTS_SPEC, "functools.partial(_planned, data_format=data_format,",
+                  "functools.partial(_planned, data_format=\"NCX\",")],
+             ["tests/test_plans.py", "tests/test_training.py", "-k", "moments"]),
     mutation("plan-signed-zero", "a plan made for epsilon 0.0 serves -0.0", [
-        (BN_SPEC, "not call.training and call.epsilon and call.momentum",
-         "not call.training")], ["tests/test_plans.py"]),
+        (BN_SPEC, "if (key is not None and call.epsilon and call.momentum",
+         "if (key is not None")], ["tests/test_plans.py"]),
     mutation("epsilon-dropped/instance", "instance norm's per-plane fold leaves out epsilon", [
         (FOLD, "a64 = scale / math.sqrt(var + epsilon)", "a64 = scale / math.sqrt(var)")],
              INSTANCE),

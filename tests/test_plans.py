@@ -189,8 +189,9 @@ def test_signed_zero_epsilon(rng):
               np.array([-0.0, 1.0], np.float32)]
     for eps in (0.0, -0.0, 0.0, -0.0):
         Y = nk.batch_normalization(X, *params, epsilon=eps)
-        assert_identical(Y, reference.batch_normalization(X, *params, epsilon=eps))
-    assert np.isinf(Y[0, 0]).all()
+        want = batch_norm(X, *params, eps)  # the float64 oracle: -0.0 + -0.0 is -0.0
+        assert np.isinf(want[0, 0]).all()
+        assert_identical(Y[0, 0], want[0, 0].astype(np.float32))
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -366,3 +367,44 @@ def test_instance_out_errors_after_a_plan(rng):
     with pytest.raises(TypeError, match="bfloat16"):
         nk.instance_normalization(X.astype(BFLOAT16), scale.astype(BFLOAT16),
                                   B.astype(BFLOAT16), opset=6)
+
+
+# --- training and moments: plans that skip the checks their key proves ---
+
+
+def test_training_plan(rng, monkeypatch):
+    params = _params(rng, 5)
+    X = rng.normal(2, 3, SHAPE).astype(np.float32)
+    first = nk.batch_normalization(X, *params, training_mode=1)
+    assert len(plans._plans) == 1
+    twin_out = np.empty_like(X)
+    want = nk.batch_normalization(X, *params, training_mode=1, out=twin_out)  # full path
+    monkeypatch.setattr(bn_spec, "prepare", lambda *a: pytest.fail("full path ran"))
+    again = nk.batch_normalization(X, *params, training_mode=1)
+    for a, b in zip((*first, *want), (*again, *again), strict=True):
+        assert_identical(a, b)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="shares memory with input_mean"):
+        buf = np.empty(int(np.prod(SHAPE)), np.float32)
+        nk.batch_normalization(X, params[0], params[1], buf[:5], params[3], training_mode=1,
+                               out=buf.reshape(SHAPE))
+
+
+def test_moments_plan(rng, monkeypatch):
+    from normkernels.ops import moments as moments_spec
+    X = rng.normal(1e4, 1, (3, 4, 5, 6)).astype(np.float32)
+    first = nk.moments(X)
+    assert len(plans._plans) == 1
+    monkeypatch.setattr(moments_spec, "statistics", lambda *a, **k: pytest.fail("full path"))
+    Y = rng.normal(size=(3, 4, 5, 6)).astype(np.float32)
+    got = nk.moments(Y)
+    monkeypatch.undo()
+    want = nk.moments(Y.tolist())  # the full path (a list makes no plan)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert_identical(nk.moments(X)[0], first[0])
+    swapped = Y.astype(">f4")
+    for a, b in zip(nk.moments(swapped), nk.moments(Y), strict=True):
+        assert_identical(a, b)
+    with pytest.raises(TypeError, match="X has dtype int32"):
+        nk.moments(Y.astype(np.int32))

@@ -236,10 +236,22 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         return _non_spatial(call, X, arrays, out)
     common.check_channel_params(call.label, common.channel_count(X, data_format), arrays)
     Y = _run(call, X, arrays, data_format, out)
-    if (key is not None and not call.training and call.epsilon and call.momentum
+    if (key is not None and call.epsilon and call.momentum
             and plans.plain(given, (X, *arrays.values()))):
-        plans.add(key, plans.inference(engine, call.epsilon, X, data_format, out))
+        plans.add(key, _plan(call, X, data_format, out))
     return Y
+
+
+def _plan(call, X, data_format, out):
+    """The plan a call that passed the checks leaves for the next with its key."""
+    if not call.training:
+        return plans.inference(call.engine, call.epsilon, X, data_format, out)
+
+    def training(X, scale, B, input_mean, input_var, out):
+        arrays = {"scale": scale, "B": B, "input_mean": input_mean, "input_var": input_var}
+        return _training(call, X, arrays, data_format, out)
+
+    return plans.Checked(training)
 
 
 def _non_spatial(call, X, arrays, out):

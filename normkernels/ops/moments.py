@@ -6,11 +6,12 @@ micro-batches, chunks or workers can be combined without a second pass and witho
 cancellation; ``moments`` gives the mean and population variance.
 """
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.ops import common
+from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS, FLOAT32, FLOAT64
 
 OP = "moments"
@@ -36,6 +37,11 @@ def partial_statistics(X, data_format, engine, op=OP, path=None):
     C = common.channel_count(X, data_format)
     if X.size == 0:
         return Moments(np.zeros(C, np.int64), np.zeros(C), np.zeros(C))
+    return _partial(X, data_format, engine, path)
+
+
+def _partial(X, data_format, engine, path=None):
+    """:class:`Moments` of a checked, non-empty X."""
     Xc, C, S = common.contiguous_layout(X, data_format)
     return Moments(*engine.channel_moments(Xc, C, S, path))
 
@@ -47,6 +53,10 @@ def statistics(X, data_format, engine, op=OP, path=None):
     if part.count.size and part.count[0] == 0:
         raise ValueError(f"{op}: X has no elements along the reduced axes "
                          f"(shape {X.shape}); statistics of zero elements are undefined")
+    return _finish(X, part)
+
+
+def _finish(X, part):
     out_dtype = FLOAT64 if X.dtype in (FLOAT32, FLOAT64) else FLOAT32
     var = part.M2 / part.count  # M2 is a sum of squares: never negative
     return part.mean.astype(out_dtype), var.astype(out_dtype)
@@ -54,7 +64,25 @@ def statistics(X, data_format, engine, op=OP, path=None):
 
 def moments(X, *, data_format="NCX", engine, path=None):
     """Spec layer of :func:`normkernels.moments`."""
-    return statistics(X, data_format, engine, path=path)
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, data_format, type(data_format), type(X), X.shape, X.strides,
+                   X.dtype)
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not an array, or an unhashable argument
+            key = plan = None
+        if plan is not None:
+            return plan(X)
+    result = statistics(X, data_format, engine, path=path)
+    if key is not None and X.size and plans.plain((X,), (common.as_array("X", X),)):
+        plans.add(key, functools.partial(_planned, data_format=data_format, engine=engine))
+    return result
+
+
+def _planned(X, data_format, engine):
+    """:func:`moments` of X whose checks its plan's key proves."""
+    return _finish(X, _partial(X, data_format, engine))
 
 
 def merge(a, b):

@@ -163,3 +163,16 @@ def instance(engine, epsilon, X, data_format, out, spatial):
     order, S = layout
     return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
                     S != spatial, order, X.shape, X.dtype)
+
+
+class Checked(NamedTuple):
+    """A call whose argument checks its key proves, run by ``run(X, *params, out)``
+    (the operator's code after its checks): only ``out`` is checked again."""
+
+    run: object
+
+    def __call__(self, X, *params_and_out):
+        *params, out = params_and_out
+        if out is not None and (not out.flags.writeable or _shares(out, X, params)):
+            return None
+        return self.run(X, *params_and_out)
