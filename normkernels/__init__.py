@@ -5,7 +5,7 @@ kernel compiles on its first call per (dtype, layout), then comes from the disk 
 """
 
 __version__ = "0.1.0"
-__all__ = ["batch_norm_inference", "batch_normalization", "instance_normalization",
+__all__ = ["batch_norm_inference", "batch_normalization", "bind", "instance_normalization",
            "merge_moments", "moments", "partial_moments"]
 
 
@@ -15,9 +15,9 @@ def __getattr__(name):
 
         return importlib.import_module(f"normkernels.{name}")
     if name in __all__:
-        from normkernels import api
+        from normkernels import api, binding
 
-        value = getattr(api, name)
+        value = binding.bind if name == "bind" else getattr(api, name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'normkernels' has no attribute {name!r}")

@@ -68,6 +68,7 @@ FOLD = "normkernels/kernels/fold.py"
 INFERENCE_K = "normkernels/kernels/inference.py"
 PLANS = "normkernels/ops/plans.py"
 MOMENTS_SPEC = "normkernels/ops/moments.py"
+BINDING = "normkernels/binding.py"
 COMMON = "normkernels/ops/common.py"
 BN_SPEC = "normkernels/ops/batch_normalization.py"
 CACHE = "normkernels/kernels/cache.py"
@@ -168,6 +169,12 @@ MUTATIONS = [
                  (MOMENTS_SPEC, "functools.partial(_planned, data_format=data_format,",
                   "functools.partial(_planned, data_format=\"NCX\",")],
              ["tests/test_plans.py", "tests/test_training.py", "-k", "moments"]),
+    mutation("bind-copied-x", "a bound call runs on the copy of a strided X made at binding",
+             [(BINDING, "    if x is not X and not _same_memory(x, X):\n        return None\n",
+               "")], ["tests/test_bind.py"]),
+    mutation("bind-converted-parameter", "a bound call reads a parameter converted at "
+             "binding", [(BINDING, "any(p is not q for p, q in", "any(False for p, q in")],
+             ["tests/test_bind.py"]),
     mutation("plan-signed-zero", "a plan made for epsilon 0.0 serves -0.0", [
         (BN_SPEC, "if (key is not None and call.epsilon and call.momentum",
          "if (key is not None")], ["tests/test_plans.py"]),

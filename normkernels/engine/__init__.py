@@ -34,6 +34,11 @@ class Engine:
         being ``x``; else returns True."""
         raise NotImplementedError
 
+    def bind_inference(self, x, y, C, S, scale, B, mean, var, epsilon):
+        """A zero-argument callable doing :meth:`inference` on these arrays (checked:
+        no sharing but ``y`` being ``x``), prepared once for repeated calls."""
+        return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
+
     def scale_shift(self, x, y, C, S, mean, a, b, path=None):
         """``y = (x - mean[c]) * a[c] + b[c]``; ``y`` may be ``x``."""
         raise NotImplementedError

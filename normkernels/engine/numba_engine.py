@@ -54,6 +54,17 @@ class NumbaEngine(Engine):
             _scale_shift(xs, ys, C, S, m, a, b, path)
         return True
 
+    def bind_inference(self, x, y, C, S, scale, B, mean, var, epsilon):
+        xs, ys = _views(x, y)
+        p0, p1, p2, p3 = (storage_view(scale), storage_view(B), storage_view(mean),
+                          storage_view(var))
+        if ys.size > policy.SERIAL_MAX_ELEMENTS:  # the path decided per call, as usual
+            return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
+        # serial: safe in any process (a forked child too) and one compiled call
+        period = policy.inference_period(C, S, x.itemsize)
+        kernel = inference.normalize_serial
+        return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False)
+
     def scale_shift(self, x, y, C, S, mean, a, b, path=None):
         if not (x.flags.c_contiguous and y.flags.c_contiguous):
             raise ValueError("scale_shift: x and y must be C-contiguous")

@@ -1,0 +1,90 @@
+"""Per-call time of every operator on a small warm tensor, beside onnxruntime with
+io-binding (inputs and outputs bound once, as a latency-minded user runs it) and the
+NumPy formula, in one process, interleaved (the numbers of issue 14's targets).
+
+    python bench/tiny_calls.py [--shape 1,16,8,8] [--layout NCX] [--rounds 7]
+"""
+
+import argparse
+import timeit
+
+import numpy as np
+
+import normkernels as nk
+from normkernels import benchmarks, peers
+from normkernels.operators import OPERATORS
+
+CASES = [("batchnorm", "inference"), ("batchnorm", "training"),
+         ("batchnorm-inference", "inference"), ("instancenorm", "inference"),
+         ("moments", "inference")]
+
+
+def ort_io_binding(workload, X, params):
+    """onnxruntime with inputs and outputs bound once; None when unavailable."""
+    try:
+        import onnxruntime as ort
+        model, inputs = peers._onnx_model(workload, X, params)
+    except Exception:  # no onnx/onnxruntime, or no ONNX operator
+        return None
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    binding = session.io_binding()
+    for name, arr in inputs.items():
+        binding.bind_cpu_input(name, arr)
+    for info in session.get_outputs():
+        like = next(iter(inputs.values())) if info.name == "Y" else params[2]
+        buf = np.empty(like.shape, like.dtype)
+        binding.bind_output(info.name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
+        binding._keep = [*getattr(binding, "_keep", []), buf]
+    return lambda: session.run_with_iobinding(binding)
+
+
+def per_call_us(calls, rounds, number):
+    best = {name: np.inf for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            fn()
+            best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e6)
+    return best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="1,16,8,8")
+    parser.add_argument("--layout", default="NCX")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--number", type=int, default=2000)
+    args = parser.parse_args()
+    shape = tuple(int(v) for v in args.shape.split(","))
+    print(f"per-call us, warm, shape {shape} {args.layout} float32, out= given, best of "
+          f"{args.rounds} rounds of {args.number} calls")
+    print(f"{'operator':32} {'normkernels':>11} {'nk.bind':>8} {'ort io-bind':>11} "
+          f"{'numpy':>8} {'ort/nk':>7} {'ort/bind':>8} {'numpy/nk':>8}")
+    for op, mode in CASES:
+        if mode not in OPERATORS[op].modes or "float32" not in OPERATORS[op].dtypes:
+            continue
+        workload = benchmarks.custom_workload(op, mode, shape, "float32", args.layout)
+        X, params = benchmarks.make_inputs(workload)
+        out = np.empty_like(X)
+        bound_args = (X, *params)
+        kwargs = OPERATORS[op].kwargs(mode, args.layout)
+        if not OPERATORS[op].reads_only:
+            kwargs["out"] = out
+        calls = {"nk": benchmarks.normkernels_call(workload, X, params, out),
+                 "bound": nk.bind(getattr(nk, OPERATORS[op].function), *bound_args, **kwargs),
+                 "numpy": benchmarks.numpy_call(workload, X, params)}
+        ort_call = ort_io_binding(workload, X, params)
+        if ort_call is not None:
+            calls["ort"] = ort_call
+        t = per_call_us(calls, args.rounds, args.number)
+        ort = t.get("ort", np.nan)
+        print(f"{op + ' ' + mode:32} {t['nk']:11.2f} {t['bound']:8.2f} {ort:11.2f} "
+              f"{t['numpy']:8.2f} {ort / t['nk']:7.2f} {ort / t['bound']:8.2f} "
+              f"{t['numpy'] / t['nk']:8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""normkernels.bind: a call prepared once for fixed arrays gives, at every call, what
+the plain call gives on the arrays' current contents, and the errors it gives."""
+
+import numpy as np
+import pytest
+from arrays import BFLOAT16, assert_identical
+
+import normkernels as nk
+from normkernels.engine import policy
+
+SHAPE = (2, 5, 6, 7)
+
+
+def _params(rng, C, dtype=np.float32):
+    scale, B, mean = (rng.normal(size=C).astype(dtype) for _ in range(3))
+    return [scale, B, mean, rng.uniform(0.5, 2.0, C).astype(dtype)]
+
+
+def _change(rng, X, params):
+    """New contents, same memory."""
+    X[...] = rng.normal(4, 3, X.shape).astype(X.dtype)
+    for p in params:
+        p[...] = rng.uniform(0.5, 2.0, p.shape).astype(p.dtype)
+
+
+def _fast(call):
+    return call.__qualname__.startswith("_fast")
+
+
+@pytest.mark.parametrize("op", ["onnx", "onednn"])
+@pytest.mark.parametrize("memory", ["NCX", "NXC", "channels_last_view"])
+@pytest.mark.parametrize("out_kind", ["none", "out", "inplace"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, BFLOAT16])
+def test_bound_call_reads_current_contents(rng, op, memory, out_kind, dtype):
+    shape = SHAPE if memory == "NCX" else (2, 6, 7, 5)
+    X = rng.normal(size=shape).astype(dtype)
+    data_format = "NXC" if memory == "NXC" else "NCX"
+    if memory == "channels_last_view":
+        X = X.transpose(0, 3, 1, 2)  # NCX view of channels-last memory
+    pdtype = BFLOAT16 if (op == "onednn" and dtype == BFLOAT16) else np.float32
+    params = _params(rng, 5, pdtype)
+    out = {"none": None, "out": np.empty_like(X), "inplace": X}[out_kind]
+    fn = nk.batch_normalization if op == "onnx" else nk.batch_norm_inference
+    kwargs = {"epsilon": 1e-3, "data_format": data_format, "out": out}
+    call = nk.bind(fn, X, *params, **kwargs)
+    assert _fast(call)
+    for _ in range(3):
+        _change(rng, X, params)
+        source = X.copy()
+        want = fn(source, *params, **{**kwargs, "out": None})
+        Y = call()
+        assert Y is out if out is not None else Y.shape == X.shape
+        assert_identical(Y, want)
+        if out_kind != "inplace":
+            assert_identical(X, source)
+
+
+def test_copied_or_converted_arrays_are_bound_as_the_plain_call(rng):
+    """A strided X (copied by the spec layer), a non-native or list parameter
+    (converted): the bound call must still see the arrays' later contents."""
+    params = _params(rng, 5)
+    wide = rng.normal(size=(2, 5, 6, 14)).astype(np.float32)
+    X = wide[..., ::2]
+    swapped = params[1].astype(">f4")
+    for args in [(X, *params), (X.copy(), params[0], swapped, *params[2:])]:
+        call = nk.bind(nk.batch_normalization, *args)
+        assert not _fast(call)
+        for _ in range(2):
+            args[0][...] = rng.normal(size=args[0].shape)
+            args[2][...] = rng.normal(size=5)
+            assert_identical(call(), nk.batch_normalization(*args))
+
+
+def test_large_tensor_decides_its_path_per_call(rng, monkeypatch):
+    taken = []
+    monkeypatch.setattr(policy, "_trace", taken.append)
+    params = _params(rng, 8)
+    X = rng.normal(size=(2, 8, 96, 96)).astype(np.float32)
+    call = nk.bind(nk.batch_normalization, X, *params)
+    assert_identical(call(), nk.batch_normalization(X, *params))
+    monkeypatch.setattr(policy, "SERIAL_MAX_ELEMENTS", X.size)
+    taken.clear()
+    assert_identical(call(), nk.batch_normalization(X, *params))
+    assert "scale_shift/planes/serial" in taken
+
+
+def test_errors_at_binding_and_at_the_call(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    with pytest.raises(TypeError, match="X has dtype int32"):
+        nk.bind(nk.batch_normalization, X.astype(np.int32), *params)
+    with pytest.raises(ValueError, match="overlaps X"):
+        buf = np.zeros(X.size + 3, np.float32)
+        nk.bind(nk.batch_normalization, buf[:X.size].reshape(SHAPE), *params,
+                out=buf[3:].reshape(SHAPE))
+    with pytest.raises(TypeError, match="normkernels operator"):
+        nk.bind(np.add, X, X)
+    out = np.empty_like(X)
+    call = nk.bind(nk.batch_normalization, X, *params, out=out)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        call()
+
+
+def test_other_operators_are_bound_as_plain_calls(rng):
+    params = _params(rng, 5)
+    X = rng.normal(size=SHAPE).astype(np.float32)
+    training = nk.bind(nk.batch_normalization, X, *params, training_mode=1)
+    instance = nk.bind(nk.instance_normalization, X, *params[:2])
+    moments = nk.bind(nk.moments, X)
+    X *= 2
+    for got, want in [(training(), nk.batch_normalization(X, *params, training_mode=1)),
+                      (instance(), nk.instance_normalization(X, *params[:2])),
+                      (moments(), nk.moments(X))]:
+        for a, b in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,), strict=True):
+            assert_identical(a, b)
