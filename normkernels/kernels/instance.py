@@ -37,6 +37,7 @@ from normkernels.kernels.scale_shift import (
     planes_range,
     planes_scalar,
     run_tables,
+    scale_shift_planes_serial,
     store_fence,
     stream_one,
     stream_split,
@@ -84,9 +85,19 @@ def _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, streaming)
 @njit(**KERNEL_OPTIONS)
 def fused_planes_serial(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
     """Every plane ``p``: statistics into ``mean[p], m2[p]`` (float64), parameters
-    into ``m[p], a[p], b[p]`` (compute dtype), Y; one thread."""
+    into ``m[p], a[p], b[p]`` (compute dtype); then Y in one planes loop. One thread,
+    for tensors that fit in cache: one loop over all planes runs vectors across plane
+    boundaries, where a loop per plane pays a scalar head and tail on every plane (a
+    call on 16 planes of 8x8: 3.9 us against 1.9 us; same bits)."""
     for p in range(mean.size):
-        _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, False)
+        lo = p * S
+        mu, q = plane_statistics(x[lo:lo + S])
+        mean[p] = mu
+        m2[p] = q
+        c = p % C
+        fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mu, q / S, epsilon,
+                 m, a, b, p)
+    scale_shift_planes_serial(x, y, mean.size, S, m, a, b)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
