@@ -34,23 +34,25 @@ from normkernels import reference
 from normkernels.engine import PATHS, policy, threads
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
+from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
 from normkernels.kernels import statistics as statistics_kernels
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
+from normkernels.ops import common, plans
 from normkernels.ops import instance_normalization as in_spec
 from normkernels.ops import moments as moments_spec
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-3
 KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
-                  "instance": instance_kernels}
+                  "instance": instance_kernels, "inference": inference_kernels}
 
 
 @dataclass(frozen=True)
 class Case:
-    op: str  # bn | onednn | training | instance | moments
+    op: str  # bn | onednn | training | instance | moments | normalize | bn-planned
     ncx_shape: tuple
     data_format: str
     routes: frozenset  # routes the case must take
@@ -67,6 +69,14 @@ NO_TABLES = {"TABLES_MAX_BYTES": 0}  # short planes take the planes loop
 PER_SAMPLE = {"SAMPLE_CALL_MIN_ELEMENTS": 1}
 
 CASES = {
+    # the engine's normalize pass alone, on parameters folded by the twin (the operators'
+    # serial calls fold and normalize in one compiled call)
+    "normalize-planes-serial": case("normalize", (2, 3, 9, 11), "NCX",
+                                    ["scale_shift/planes/serial"], path="serial"),
+    # a planned call (the second with its key): the plan's bounds guard runs
+    "bn-planned-parallel": case("bn-planned", (2, 3, 9, 11), "NCX",
+                                ["scale_shift/planes/parallel"],
+                                patch={"SERIAL_MAX_ELEMENTS": 0}),
     # BatchNormalization inference: the normalize loops
     **{f"bn-planes-{p}": case("bn", (2, 3, 9, 11), "NCX", [f"scale_shift/planes/{p}"], path=p)
        for p in PATHS},
@@ -162,7 +172,7 @@ CASES = {
 }
 
 DTYPES = {"bn": FLOATS, "training": FLOATS, "moments": FLOATS, "instance": FLOATS,
-          "onednn": [F16, BF16, F32]}
+          "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
@@ -194,6 +204,17 @@ def run(case, X, params, dtype, engine=ENGINE):
     if case.op == "bn":
         p = [v.astype(dtype) for v in params]
         return bn_spec.batch_normalization(X, *p, epsilon=EPS, **kw), p
+    if case.op == "bn-planned":
+        p = [v.astype(dtype) for v in params]
+        plans.clear()
+        kw.update(path=None, out=np.empty_like(X))
+        bn_spec.batch_normalization(X, *p, epsilon=EPS, **kw)  # leaves the plan
+        return bn_spec.batch_normalization(X, *p, epsilon=EPS, **kw), p
+    if case.op == "normalize":
+        p = [v.astype(dtype) for v in params]
+        m, a, b = reference.fold_parameters(*p, EPS, X.dtype)
+        return common.map_layout(X, case.data_format, None, lambda x, y, C, S: engine.scale_shift(
+            x, y, C, S, m, a, b, case.path)), p
     if case.op == "onednn":
         p = [v.astype(BF16 if dtype == BF16 else F32) for v in params]
         return bni_spec.batch_norm_inference(X, *p, epsilon=EPS, **kw), p
@@ -209,7 +230,7 @@ def run(case, X, params, dtype, engine=ENGINE):
 
 def check_with_oracle(case, X, params, result):
     fmt = case.data_format
-    if case.op in ("bn", "onednn"):
+    if case.op in ("bn", "onednn", "normalize", "bn-planned"):
         assert_close(result, batch_norm(X, *params, EPS, fmt),
                      tolerance(X, *params, EPS, fmt, X.dtype))
     elif case.op == "training":
@@ -372,7 +393,8 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
     if case.op == "moments":
         check_with_oracle(case, X, params, run(case, X, params, dtype, reference.ENGINE)[0])
         return
-    twin = reference.ENGINE if case.op in ("bn", "onednn") else KernelStatisticsTwin()
+    twin = (reference.ENGINE if case.op in ("bn", "onednn", "normalize", "bn-planned")
+            else KernelStatisticsTwin())
     expected, _ = run(case, X, params, dtype, twin)
     for got, want in zip(_outputs(result), _outputs(expected), strict=True):
         assert_identical(np.asarray(got), np.asarray(want))

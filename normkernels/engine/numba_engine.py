@@ -43,7 +43,7 @@ class NumbaEngine(Engine):
         params = sv(scale), sv(B), sv(mean), sv(var)
         path = policy.resolve_path(ys, path)
         if path == "serial":  # one compiled call: guard, fold, tables, loop (per-call latency)
-            period = policy.inference_period(C, S, x.itemsize)
+            period = policy.inference_period(C, S, x.itemsize, ys.size)
             return inference.normalize_serial(xs, ys, C, S, *params, epsilon, period, guard)
         if guard and inference.shares_input(xs, ys, *params):
             return False
@@ -61,7 +61,7 @@ class NumbaEngine(Engine):
         if ys.size > policy.SERIAL_MAX_ELEMENTS:  # the path decided per call, as usual
             return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
         # serial: safe in any process (a forked child too) and one compiled call
-        period = policy.inference_period(C, S, x.itemsize)
+        period = policy.inference_period(C, S, x.itemsize, ys.size)
         kernel = inference.normalize_serial
         return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False)
 

@@ -14,7 +14,7 @@ import platform
 import numba
 
 from normkernels.engine import PATHS, threads
-from normkernels.kernels.options import MIN_PLANE, TABLE_PAD
+from normkernels.kernels.options import MAX_LANES, MIN_PLANE, TABLE_PAD
 
 # --- routes: every way a call can run, by name ---
 # Each decision of the engine reports the route it takes to ``_trace`` when a test
@@ -174,9 +174,14 @@ def use_planes(C, S, itemsize):
     return S > 1 and 3 * C * S * itemsize > TABLES_MAX_BYTES
 
 
-def inference_period(C, S, itemsize):
-    """The serial inference kernel's loop for X of ``itemsize``: 0 for the planes
-    loop, else the period of its parameter tables; reports the route."""
+def inference_period(C, S, itemsize, n):
+    """The serial inference kernel's loop for ``n`` elements of ``itemsize``: 0 for
+    the planes loop (scalar for planes shorter than a vector, and for X shorter than
+    a vector: no tables to build), else the period of its parameter tables; reports
+    the route."""
+    if n < MAX_LANES:
+        took("scale_shift", "short-planes", "serial")
+        return 0
     if use_planes(C, S, 8 if itemsize == 8 else 4):
         took("scale_shift", "planes" if S >= MIN_PLANE else "short-planes", "serial")
         return 0
