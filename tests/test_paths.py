@@ -76,7 +76,7 @@ CASES = {
     # a planned call (the second with its key): the plan's bounds guard runs
     "bn-planned-parallel": case("bn-planned", (2, 3, 9, 11), "NCX",
                                 ["scale_shift/planes/parallel"],
-                                patch={"SERIAL_MAX_ELEMENTS": 0}),
+                                patch={"NORMALIZE_SERIAL_MAX_ELEMENTS": 0}),
     # BatchNormalization inference: the normalize loops
     **{f"bn-planes-{p}": case("bn", (2, 3, 9, 11), "NCX", [f"scale_shift/planes/{p}"], path=p)
        for p in PATHS},

@@ -278,7 +278,7 @@ def test_policy_changes_apply_to_planned_calls(rng, monkeypatch):
     taken = []
     monkeypatch.setattr(policy, "_trace", taken.append)
     params = _params(rng, 8)
-    X = rng.normal(size=(2, 8, 96, 96)).astype(np.float32)
+    X = rng.normal(size=(4, 8, 96, 96)).astype(np.float32)
     out = np.empty_like(X)
     nk.batch_normalization(X, *params, out=out)
     nk.batch_normalization(X, *params, out=out)
@@ -286,7 +286,7 @@ def test_policy_changes_apply_to_planned_calls(rng, monkeypatch):
     monkeypatch.setenv(policy.STREAMING_ENV, "always")
     nk.batch_normalization(X, *params, out=out)
     assert taken[-1] == "scale_shift/planes/streaming"
-    monkeypatch.setattr(policy, "SERIAL_MAX_ELEMENTS", X.size)
+    monkeypatch.setattr(policy, "NORMALIZE_SERIAL_MAX_ELEMENTS", X.size)
     Y = nk.batch_normalization(X, *params, out=out)
     assert taken[-1] == "scale_shift/planes/serial"
     _check(Y, X, params, twin=reference.batch_normalization(X, *params))

@@ -53,7 +53,7 @@ def test_environment_override(cache_of, monkeypatch, mode, expected):
 
 def test_bad_environment_value_names_the_variable(monkeypatch):
     monkeypatch.setenv(policy.STREAMING_ENV, "sometimes")
-    X = np.ones((2, 4, 128, 128), np.float32)
+    X = np.ones((5, 4, 128, 128), np.float32)  # parallel size: the policy is read
     p = np.ones(4, np.float32)
     with pytest.raises(ValueError, match=r"NORMKERNELS_STREAMING.*always.*sometimes"):
         nk.batch_normalization(X, p, p, p, p)
@@ -66,7 +66,7 @@ def test_public_call_follows_the_policy(rng, monkeypatch, mode, route):
     taken = []
     monkeypatch.setattr(policy, "_trace", taken.append)
     monkeypatch.setenv(policy.STREAMING_ENV, mode)
-    X = rng.normal(3.0, 2.0, (2, 8, 96, 96)).astype(np.float32)
+    X = rng.normal(3.0, 2.0, (4, 8, 96, 96)).astype(np.float32)
     scale, B, mean = (rng.normal(size=8).astype(np.float32) for _ in range(3))
     var = rng.uniform(0.5, 2.0, 8).astype(np.float32)
     Y = nk.batch_normalization(X, scale, B, mean, var)

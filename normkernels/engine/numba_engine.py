@@ -41,7 +41,7 @@ class NumbaEngine(Engine):
         xs, ys = _views(x, y)
         sv = storage_view
         params = sv(scale), sv(B), sv(mean), sv(var)
-        path = policy.resolve_path(ys, path)
+        path = policy.resolve_path(ys, path, policy.NORMALIZE_SERIAL_MAX_ELEMENTS)
         if path == "serial":  # one compiled call: guard, fold, tables, loop (per-call latency)
             period = policy.inference_period(C, S, x.itemsize, ys.size)
             return inference.normalize_serial(xs, ys, C, S, *params, epsilon, period, guard)
@@ -58,7 +58,7 @@ class NumbaEngine(Engine):
         xs, ys = _views(x, y)
         p0, p1, p2, p3 = (storage_view(scale), storage_view(B), storage_view(mean),
                           storage_view(var))
-        if ys.size > policy.SERIAL_MAX_ELEMENTS:  # the path decided per call, as usual
+        if ys.size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS:  # the path decided per call
             return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
         # serial: safe in any process (a forked child too) and one compiled call
         period = policy.inference_period(C, S, x.itemsize, ys.size)

@@ -45,8 +45,13 @@ def took(*parts):
 
 
 # --- paths ---
-# One thread below this many elements: a parallel launch costs more than the loop.
+# One thread up to this many elements: a parallel launch costs more than the loop.
 SERIAL_MAX_ELEMENTS = 1 << 16
+# The same for per-channel inference (a normalize pass and nothing else), apart
+# because the trade-off differs: with recently active workers parallel wins from
+# about 100K elements; after a pause, waking them costs about 100 us on this VM and
+# serial wins up to about 1M (docs/design.md). Set for warm data.
+NORMALIZE_SERIAL_MAX_ELEMENTS = 1 << 16
 # Streaming (non-temporal) stores only when a call's traffic (X read plus Y written)
 # exceeds the last-level cache: below, ordinary stores leave Y in cache for the next
 # layer, and streaming would send it to memory (measured 1.9x slower warm).
@@ -119,17 +124,18 @@ def wants_streaming(nbytes):
     return mode == "always"
 
 
-def choose_path(arr):
-    """The path for a call over ``arr`` (a storage array): serial, parallel or
+def choose_path(arr, serial_max=None):
+    """The path for a call over ``arr`` (a storage array): serial (up to
+    ``serial_max`` elements, default :data:`SERIAL_MAX_ELEMENTS`), parallel or
     streaming (streaming only for an output)."""
-    if arr.size <= SERIAL_MAX_ELEMENTS:
+    if arr.size <= (SERIAL_MAX_ELEMENTS if serial_max is None else serial_max):
         return "serial"
     if wants_streaming(arr.nbytes) and arr.flags.aligned and streaming_supported():
         return "streaming"
     return "parallel"
 
 
-def resolve_path(arr, path):
+def resolve_path(arr, path, serial_max=None):
     """``path`` checked, or the one :func:`choose_path` picks for ``arr``; "serial"
     in a forked child (see :mod:`normkernels.engine.threads`); streaming falls back
     to parallel where it cannot run."""
@@ -139,7 +145,7 @@ def resolve_path(arr, path):
         took("one-thread")
         return "serial"
     if path is None:
-        return choose_path(arr)
+        return choose_path(arr, serial_max)
     if path == "streaming" and not (streaming_supported() and arr.flags.aligned):
         return "parallel"
     return path
