@@ -28,8 +28,9 @@ def _views(x, y):
 def parameter_tables(C, S, mean, a, b):
     """Per-element parameter tables of one period (``P`` elements) plus padding."""
     period, pad = policy.table_period(C, S)
-    channel = (np.arange(period + pad) // S) % C
-    return period, mean[channel], a[channel], b[channel]
+    tables = np.empty((3, period + pad), mean.dtype)
+    inference.fill_tables(C, S, mean, a, b, *tables)
+    return period, *tables
 
 
 class NumbaEngine(Engine):
