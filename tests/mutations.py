@@ -61,6 +61,7 @@ MOMENTS_K = "normkernels/kernels/statistics.py"
 INSTANCE_K = "normkernels/kernels/instance.py"
 SCALE_SHIFT = "normkernels/kernels/scale_shift.py"
 ENGINE = "normkernels/engine/numba_engine.py"
+ENGINE_BASE = "normkernels/engine/__init__.py"
 POLICY = "normkernels/engine/policy.py"
 THREADS = "normkernels/engine/threads.py"
 TWIN = "normkernels/reference.py"
@@ -133,6 +134,10 @@ MUTATIONS = [
     mutation("tables-channel/inference", "the serial inference kernel's tables take "
              "channel i % C", [
                  (INFERENCE_K, "c = (i // S) % C", "c = i % C")], BN),
+    mutation("running-momentum-swapped/compiled", "the compiled running statistics weigh "
+             "the batch by momentum", [
+                 (INFERENCE_K, "np.float64(load(previous, c)) * momentum + batch[c] * keep",
+                  "np.float64(load(previous, c)) * keep + batch[c] * momentum")], TRAINING),
     mutation("plan-writeable-unchecked", "a plan writes into a read-only out", [
         (PLANS, "elif not out.flags.writeable:", "elif False:")], ["tests/test_plans.py"]),
     mutation("plan-guard-off", "a plan writes into an out that overlaps an input", [
@@ -223,9 +228,10 @@ MUTATIONS = [
              "parameter tables at phase 0 instead of its own", [
                  (SCALE_SHIFT, "    phase = lo % P\n", "    phase = 0\n")], BN),
     mutation("momentum-swapped", "running statistics weigh the batch by momentum "
-             "(PyTorch's convention)", [
-                 (BN_SPEC, "* momentum\n                        + batch_mean * (1.0 - momentum))",
-                  "* (1.0 - momentum)\n                        + batch_mean * momentum)")],
+             "(PyTorch's convention; the NumPy rule, which 16-bit statistics and the twin "
+             "use)", [
+                 (ENGINE_BASE, "* momentum\n                    + batch * (1.0 - momentum))",
+                  "* (1.0 - momentum)\n                    + batch * momentum)")],
              TRAINING),
     mutation("out-not-written", "a strided out= is never written back", [
         (COMMON, "        np.copyto(out, y)\n        return out", "        return out")], BN),

@@ -14,6 +14,8 @@ Two engines implement the interface:
 Importing this package loads neither Numba nor the kernels.
 """
 
+import numpy as np
+
 PATHS = ("serial", "parallel", "streaming")
 
 
@@ -38,6 +40,13 @@ class Engine:
         """A zero-argument callable doing :meth:`inference` on these arrays (checked:
         no sharing but ``y`` being ``x``), prepared once for repeated calls."""
         return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
+
+    def running(self, previous, batch, momentum, dtype):
+        """A running statistic: ``previous * momentum + batch * (1 - momentum)`` in
+        float64 (``batch``: float64), rounded once to ``dtype``."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (previous.astype(np.float64) * momentum
+                    + batch * (1.0 - momentum)).astype(dtype)
 
     def scale_shift(self, x, y, C, S, mean, a, b, path=None):
         """``y = (x - mean[c]) * a[c] + b[c]``; ``y`` may be ``x``."""

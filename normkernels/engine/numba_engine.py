@@ -16,7 +16,7 @@ from normkernels.kernels import inference, instance
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE
-from normkernels.kernels.storage import compute_dtype, storage_view
+from normkernels.kernels.storage import FLOAT32, FLOAT64, compute_dtype, storage_view
 
 
 def _views(x, y):
@@ -65,6 +65,13 @@ class NumbaEngine(Engine):
         period = policy.inference_period(C, S, x.itemsize, ys.size)
         kernel = inference.normalize_serial
         return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False)
+
+    def running(self, previous, batch, momentum, dtype):
+        if dtype != FLOAT32 and dtype != FLOAT64:  # 16-bit: rounded once from float64
+            return super().running(previous, batch, momentum, dtype)
+        out = np.empty(batch.shape, dtype)
+        inference.running(storage_view(previous), batch, momentum, out)
+        return out
 
     def scale_shift(self, x, y, C, S, mean, a, b, path=None):
         if not (x.flags.c_contiguous and y.flags.c_contiguous):

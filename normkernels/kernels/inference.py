@@ -97,3 +97,12 @@ def fill_tables(C, S, m, a, b, mt, at, bt):
     for i in range(mt.size):
         c = (i // S) % C
         mt[i], at[i], bt[i] = m[c], a[c], b[c]
+
+
+@njit(**KERNEL_OPTIONS)
+def running(previous, batch, momentum, out):
+    """``out = previous * momentum + batch * (1 - momentum)`` in float64, rounded once
+    into ``out`` (float32 or float64: a 16-bit ``out`` would round twice here)."""
+    keep = 1.0 - momentum
+    for c in range(out.size):
+        out[c] = np.float64(load(previous, c)) * momentum + batch[c] * keep

@@ -316,14 +316,12 @@ def _training(call, X, arrays, data_format, out):
     Y = common.infer(X, arrays["scale"], arrays["B"], batch_mean, batch_var, eps, data_format,
                      out, engine, call.path)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
+    running_mean = engine.running(arrays["input_mean"], batch_mean, momentum, stats_dtype)
+    running_var = engine.running(arrays["input_var"], batch_var, momentum, stats_dtype)
+    if call.version.outputs == RUNNING_OUTPUTS:
+        return Y, running_mean, running_var
     # divide: saved_var="inv_std" of a zero var + epsilon is inf, as the formula gives
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        running_mean = (arrays["input_mean"].astype(np.float64) * momentum
-                        + batch_mean * (1.0 - momentum)).astype(stats_dtype)
-        running_var = (arrays["input_var"].astype(np.float64) * momentum
-                       + batch_var * (1.0 - momentum)).astype(stats_dtype)
-        if call.version.outputs == RUNNING_OUTPUTS:
-            return Y, running_mean, running_var
         saved = (batch_var if call.saved_var == "variance"
                  else 1.0 / np.sqrt(batch_var + eps)).astype(stats_dtype)
     outputs = (Y, running_mean, running_var, batch_mean.astype(stats_dtype), saved)
