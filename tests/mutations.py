@@ -138,6 +138,9 @@ MUTATIONS = [
              "the batch by momentum", [
                  (INFERENCE_K, "np.float64(load(previous, c)) * momentum + batch[c] * keep",
                   "np.float64(load(previous, c)) * keep + batch[c] * momentum")], TRAINING),
+    mutation("launch-end-not-recorded", "parallel launches never mark the workers awake",
+             [(THREADS, "        _last_parallel_end = time.perf_counter()\n", "")],
+             ["tests/test_policy.py"]),
     mutation("plan-writeable-unchecked", "a plan writes into a read-only out", [
         (PLANS, "elif not out.flags.writeable:", "elif False:")], ["tests/test_plans.py"]),
     mutation("plan-guard-off", "a plan writes into an out that overlaps an input", [
@@ -241,8 +244,8 @@ MUTATIONS = [
              ["tests/test_reliability.py", "-k", "child_processes"]),
     mutation("launch-guard-off", "parallel launches not serialised under the workqueue "
              "layer", [
-                 (THREADS, 'return _LAUNCH_LOCK if _layer == "workqueue" else _NO_GUARD',
-                  "return _NO_GUARD")],
+                 (THREADS, 'return _LOCKED if _layer == "workqueue" else _UNLOCKED',
+                  "return _UNLOCKED")],
              ["tests/test_reliability.py", "-k", "threading_layer and workqueue"]),
     mutation("statistics-path-ignored", "the statistics run their parallel kernels on the "
              "serial path (in a forked child too)", [

@@ -75,7 +75,7 @@ def test_large_tensor_decides_its_path_per_call(rng, monkeypatch):
     taken = []
     monkeypatch.setattr(policy, "_trace", taken.append)
     params = _params(rng, 8)
-    X = rng.normal(size=(4, 8, 96, 96)).astype(np.float32)
+    X = rng.normal(size=(8, 8, 96, 96)).astype(np.float32)
     call = nk.bind(nk.batch_normalization, X, *params)
     assert_identical(call(), nk.batch_normalization(X, *params))
     monkeypatch.setattr(policy, "NORMALIZE_SERIAL_MAX_ELEMENTS", X.size)

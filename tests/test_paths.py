@@ -268,6 +268,9 @@ def routes_taken(monkeypatch):
 
 
 def arrange(monkeypatch, case):
+    # routes by size as the thresholds state them, whether or not the workers sleep
+    # (the sleeping-workers rule has its own tests in test_policy.py)
+    monkeypatch.setattr(policy, "ASLEEP_SERIAL_FACTOR", 0)
     for name, value in case.patch.items():
         assert hasattr(policy, name), name
         monkeypatch.setattr(policy, name, value)

@@ -278,7 +278,7 @@ def test_policy_changes_apply_to_planned_calls(rng, monkeypatch):
     taken = []
     monkeypatch.setattr(policy, "_trace", taken.append)
     params = _params(rng, 8)
-    X = rng.normal(size=(4, 8, 96, 96)).astype(np.float32)
+    X = rng.normal(size=(8, 8, 96, 96)).astype(np.float32)
     out = np.empty_like(X)
     nk.batch_normalization(X, *params, out=out)
     nk.batch_normalization(X, *params, out=out)

@@ -6,7 +6,7 @@ import pytest
 from oracle import assert_close, batch_norm, tolerance
 
 import normkernels as nk
-from normkernels.engine import policy
+from normkernels.engine import policy, threads
 
 MB = 1 << 20
 
@@ -16,6 +16,7 @@ def cache_of(monkeypatch):
     def set_cache(nbytes):
         monkeypatch.setattr(policy, "last_level_cache_bytes", lambda: nbytes)
     monkeypatch.delenv(policy.STREAMING_ENV, raising=False)
+    monkeypatch.setattr(policy, "ASLEEP_SERIAL_FACTOR", 0)  # the sizes' own paths
     return set_cache
 
 
@@ -53,7 +54,7 @@ def test_environment_override(cache_of, monkeypatch, mode, expected):
 
 def test_bad_environment_value_names_the_variable(monkeypatch):
     monkeypatch.setenv(policy.STREAMING_ENV, "sometimes")
-    X = np.ones((5, 4, 128, 128), np.float32)  # parallel size: the policy is read
+    X = np.ones((10, 4, 128, 128), np.float32)  # parallel size: the policy is read
     p = np.ones(4, np.float32)
     with pytest.raises(ValueError, match=r"NORMKERNELS_STREAMING.*always.*sometimes"):
         nk.batch_normalization(X, p, p, p, p)
@@ -66,10 +67,46 @@ def test_public_call_follows_the_policy(rng, monkeypatch, mode, route):
     taken = []
     monkeypatch.setattr(policy, "_trace", taken.append)
     monkeypatch.setenv(policy.STREAMING_ENV, mode)
-    X = rng.normal(3.0, 2.0, (4, 8, 96, 96)).astype(np.float32)
+    X = rng.normal(3.0, 2.0, (8, 8, 96, 96)).astype(np.float32)
     scale, B, mean = (rng.normal(size=8).astype(np.float32) for _ in range(3))
     var = rng.uniform(0.5, 2.0, 8).astype(np.float32)
     Y = nk.batch_normalization(X, scale, B, mean, var)
     assert route in taken
     want = batch_norm(X, scale, B, mean, var, 1e-5)
     assert_close(Y, want, tolerance(X, scale, B, mean, var, 1e-5, "NCX", np.float32))
+
+
+# --- sleeping workers: serial further while waking them would cost more ---
+
+
+def test_serial_further_while_workers_sleep(monkeypatch):
+    monkeypatch.setattr(policy.numba, "get_num_threads", lambda: 2)
+    limit = policy.SERIAL_MAX_ELEMENTS
+    asleep = policy.asleep_serial_max(limit)
+    assert asleep == limit * policy.ASLEEP_SERIAL_FACTOR // 2 > limit
+    y = np.empty(asleep, np.float32)
+    monkeypatch.setattr(threads, "workers_awake", lambda: False)
+    assert policy.choose_path(y) == "serial"
+    assert policy.choose_path(np.empty(asleep + 64, np.float32)) != "serial"
+    monkeypatch.setattr(threads, "workers_awake", lambda: True)
+    assert policy.choose_path(y) != "serial"
+    assert policy.choose_path(y[:limit]) == "serial"
+
+
+@pytest.mark.parametrize("n_threads,factor", [(1, 1), (2, 8), (3, 4), (9, 1), (64, 1)])
+def test_sleeping_limit_shrinks_with_threads(monkeypatch, n_threads, factor):
+    monkeypatch.setattr(policy.numba, "get_num_threads", lambda: n_threads)
+    assert policy.asleep_serial_max(1000) == 1000 * factor
+
+
+def test_workers_awake_right_after_a_parallel_launch(monkeypatch):
+    monkeypatch.setattr(threads, "_last_parallel_end", -1.0)
+    assert not threads.workers_awake()
+    monkeypatch.setattr(threads, "AWAKE_SECONDS", 60.0)  # no timing in tests
+    assert not threads.workers_awake()
+    with threads.launch_guard("parallel"):
+        pass
+    assert threads.workers_awake()  # the launch's end was recorded
+    with threads.launch_guard("serial"):  # serial launches do not wake anything
+        monkeypatch.setattr(threads, "_last_parallel_end", -1.0)
+    assert not threads.workers_awake()

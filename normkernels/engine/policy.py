@@ -52,6 +52,11 @@ SERIAL_MAX_ELEMENTS = 1 << 16
 # about 100K elements; after a pause, waking them costs about 100 us on this VM and
 # serial wins up to about 1M (docs/design.md). Set for warm data.
 NORMALIZE_SERIAL_MAX_ELEMENTS = 1 << 16
+# While Numba's workers sleep (no parallel launch in the last
+# threads.AWAKE_SECONDS), waking them costs 25-40 us on this VM, 150 us after 10 ms
+# idle: calls up to this many times the serial limit run on one thread (on 2 threads;
+# fewer with more, see asleep_serial_max). Measured in docs/design.md.
+ASLEEP_SERIAL_FACTOR = 16
 # Streaming (non-temporal) stores only when a call's traffic (X read plus Y written)
 # exceeds the last-level cache: below, ordinary stores leave Y in cache for the next
 # layer, and streaming would send it to memory (measured 1.9x slower warm).
@@ -125,14 +130,26 @@ def wants_streaming(nbytes):
 
 
 def choose_path(arr, serial_max=None):
-    """The path for a call over ``arr`` (a storage array): serial (up to
-    ``serial_max`` elements, default :data:`SERIAL_MAX_ELEMENTS`), parallel or
+    """The path for a call over ``arr`` (a storage array): serial up to
+    ``serial_max`` elements (default :data:`SERIAL_MAX_ELEMENTS`), and up to
+    :func:`asleep_serial_max` of it while the workers sleep; else parallel or
     streaming (streaming only for an output)."""
-    if arr.size <= (SERIAL_MAX_ELEMENTS if serial_max is None else serial_max):
+    limit = SERIAL_MAX_ELEMENTS if serial_max is None else serial_max
+    n = arr.size
+    if n <= limit or (n <= asleep_serial_max(limit) and not threads.workers_awake()):
         return "serial"
     if wants_streaming(arr.nbytes) and arr.flags.aligned and streaming_supported():
         return "streaming"
     return "parallel"
+
+
+def asleep_serial_max(limit):
+    """The serial limit when the workers sleep: waking them costs what one thread
+    does on ``ASLEEP_SERIAL_FACTOR`` times ``limit`` elements, spread over the others."""
+    threads_ = numba.get_num_threads()
+    if threads_ < 2:
+        return limit
+    return max(limit, limit * ASLEEP_SERIAL_FACTOR // (2 * (threads_ - 1)))
 
 
 def resolve_path(arr, path, serial_max=None):

@@ -13,6 +13,7 @@
 import contextlib
 import os
 import threading
+import time
 
 import numba
 
@@ -39,12 +40,46 @@ def parallel_allowed():
 _LAUNCH_LOCK = threading.RLock()
 _layer = None
 _NO_GUARD = contextlib.nullcontext()
+# When the last parallel launch ended (perf_counter seconds): Numba's workers spin
+# only briefly after a parallel region (GOMP_SPINCOUNT, see kernels/__init__.py), then
+# sleep, and waking them costs far more than a launch (docs/design.md).
+_last_parallel_end = -1.0
+AWAKE_SECONDS = 10e-6  # the workers are still spinning this soon after a launch
+
+
+class _Parallel:
+    """The context of a parallel launch: the lock when one is needed, and the time
+    the launch ended."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        if self.lock is not None:
+            self.lock.acquire()
+
+    def __exit__(self, *exc):
+        global _last_parallel_end
+        _last_parallel_end = time.perf_counter()
+        if self.lock is not None:
+            self.lock.release()
+
+
+_LOCKED = _Parallel(_LAUNCH_LOCK)
+_UNLOCKED = _Parallel(None)
+
+
+def workers_awake():
+    """Whether a parallel launch ended so recently that the workers still spin."""
+    return time.perf_counter() - _last_parallel_end < AWAKE_SECONDS
 
 
 def launch_guard(path):
-    """The context to launch a kernel of ``path`` in: none for serial kernels; the
-    process-wide lock for parallel ones under the workqueue layer (or before the
-    layer is known)."""
+    """The context to launch a kernel of ``path`` in: none for serial kernels; for
+    parallel ones, the process-wide lock under the workqueue layer (or before the
+    layer is known), and the time the launch ends (:func:`workers_awake`)."""
     global _layer
     if path == "serial":
         return _NO_GUARD
@@ -52,5 +87,5 @@ def launch_guard(path):
         try:
             _layer = numba.threading_layer()
         except ValueError:  # not started yet: serialise the first launch
-            return _LAUNCH_LOCK
-    return _LAUNCH_LOCK if _layer == "workqueue" else _NO_GUARD
+            return _LOCKED
+    return _LOCKED if _layer == "workqueue" else _UNLOCKED
