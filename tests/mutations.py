@@ -142,7 +142,8 @@ MUTATIONS = [
              [(THREADS, "        _last_parallel_end = time.perf_counter()\n", "")],
              ["tests/test_policy.py"]),
     mutation("plan-writeable-unchecked", "a plan writes into a read-only out", [
-        (PLANS, "elif not out.flags.writeable:", "elif False:")], ["tests/test_plans.py"]),
+        (PLANS, "elif not out.flags.writeable or (params", "elif False or (params")],
+             ["tests/test_plans.py"]),
     mutation("plan-guard-off", "a plan writes into an out that overlaps an input", [
         (PLANS, "guard=out is not None)", "guard=False)")], ["tests/test_plans.py"]),
     mutation("plan-key-untyped", "plan keys without the attributes' types (1.0 for 1)", [
