@@ -5,7 +5,8 @@ pytest-benchmark cases in ``bench/``. Every row is timed against baselines run i
 same process with interleaved repeats (A B C A B C ...) and reported as medians, so a
 shared, noisy machine shifts all of them together and the ratios hold:
 
-* ``copy``: a parallel copy of the same bytes (the roofline: Y = X cannot be faster),
+* ``copy``: a copy of the same bytes (the roofline: Y = X cannot be faster;
+  parallel, one thread below 1 MB),
 * ``axpb``: a plain parallel ``y = a * x + b`` loop over the same array,
 * ``numpy``: the NumPy formula a user would write.
 """
@@ -171,8 +172,9 @@ def _roofline_kernels():
 
 
 def baseline_calls(X, out):
-    """Roofline baselines over X's storage: parallel copy, parallel a*x+b (on the
-    bits for 16-bit dtypes, with ordinary stores) and a parallel read-only sum."""
+    """Roofline baselines over X's storage: copy (parallel; one thread below
+    ``SERIAL_COPY_BYTES``), parallel a*x+b (on the bits for 16-bit dtypes, with
+    ordinary stores) and a parallel read-only sum."""
     from normkernels.kernels.storage import storage_view
 
     parallel_copy, parallel_axpb, parallel_read = _roofline_kernels()
@@ -183,8 +185,16 @@ def baseline_calls(X, out):
         a, b = np.uint16(3), np.uint16(1)
     else:
         a, b = X.dtype.type(1.5), X.dtype.type(0.25)
-    return {"copy": lambda: parallel_copy(x, y), "axpb": lambda: parallel_axpb(x, y, a, b),
+    copy = lambda: parallel_copy(x, y)  # noqa: E731
+    if x.nbytes < SERIAL_COPY_BYTES:  # a parallel launch would cost more than the copy
+        copy = lambda: np.copyto(y, x)  # noqa: E731
+    return {"copy": copy, "axpb": lambda: parallel_axpb(x, y, a, b),
             "read": lambda: parallel_read(x)}
+
+
+# Below this many bytes the copy baseline is NumPy's one-thread copy: a parallel
+# launch (25-150 us to wake sleeping workers on a 2-core VM) is no bandwidth limit.
+SERIAL_COPY_BYTES = 1 << 20
 
 
 # Before each timed call of a large workload the harness writes this much scratch

@@ -189,8 +189,9 @@ CACHE_TITLES = {"warm": "warm caches (each timed call right after an untimed cal
 LEGEND = (
     "shape: N x C x spatial (the logical shape; NXC stores it channels-last); us: "
     "median time per call; bytes: X read + Y written (X only for moments); GB/s: "
-    "those bytes per second; copy (read for moments): a parallel copy of the same "
-    "bytes, the bandwidth limit at large sizes; <peer> /nk: the peer's time over normkernels' "
+    "those bytes per second; copy (read for moments): a copy of the same bytes "
+    "(parallel; one thread below 1 MB), the bandwidth limit at large sizes; <peer> /nk: "
+    "the peer's time over normkernels' "
     "(above 1: normkernels is faster), '!' when its Y differs from normkernels' by more "
     "than its dtype can hold; rounds: interleaved repeats, many for tiny sizes, few for "
     "huge ones.")
