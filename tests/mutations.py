@@ -141,6 +141,10 @@ MUTATIONS = [
     mutation("launch-end-not-recorded", "parallel launches never mark the workers awake",
              [(THREADS, "        _last_parallel_end = time.perf_counter()\n", "")],
              ["tests/test_policy.py"]),
+    mutation("asleep-rule-everywhere", "the statistics families run serial while the "
+             "workers sleep (instance norm of 7x7 planes 2.5x slower)", [
+                 (POLICY, "if n <= limit or (asleep_rule and", "if n <= limit or (True and")],
+             ["tests/test_policy.py"]),
     mutation("plan-writeable-unchecked", "a plan writes into a read-only out", [
         (PLANS, "elif not out.flags.writeable or (params", "elif False or (params")],
              ["tests/test_plans.py"]),

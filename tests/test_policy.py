@@ -86,11 +86,26 @@ def test_serial_further_while_workers_sleep(monkeypatch):
     assert asleep == limit * policy.ASLEEP_SERIAL_FACTOR // 2 > limit
     y = np.empty(asleep, np.float32)
     monkeypatch.setattr(threads, "workers_awake", lambda: False)
-    assert policy.choose_path(y) == "serial"
-    assert policy.choose_path(np.empty(asleep + 64, np.float32)) != "serial"
+    assert policy.choose_path(y, asleep_rule=True) == "serial"
+    assert policy.choose_path(y) != "serial"  # the statistics families: no rule
+    assert policy.choose_path(np.empty(asleep + 64, np.float32), asleep_rule=True) != "serial"
     monkeypatch.setattr(threads, "workers_awake", lambda: True)
-    assert policy.choose_path(y) != "serial"
-    assert policy.choose_path(y[:limit]) == "serial"
+    assert policy.choose_path(y, asleep_rule=True) != "serial"
+    assert policy.choose_path(y[:limit], asleep_rule=True) == "serial"
+
+
+def test_only_inference_asks_for_the_sleeping_rule(rng, monkeypatch):
+    """Instance norm of 7x7 planes is 2.5x slower on one thread: it keeps its limit."""
+    taken = []
+    monkeypatch.setattr(policy, "_trace", taken.append)
+    monkeypatch.setattr(threads, "workers_awake", lambda: False)
+    X = rng.normal(size=(2, 2048, 7, 7)).astype(np.float32)  # 200K elements
+    p = np.ones(2048, np.float32)
+    nk.instance_normalization(X, p, p)
+    assert not any(route.endswith("/serial") for route in taken), taken
+    taken.clear()
+    nk.batch_normalization(X, p, p, p, p)
+    assert taken == ["scale_shift/planes/serial"]
 
 
 @pytest.mark.parametrize("n_threads,factor", [(1, 1), (2, 8), (3, 4), (9, 1), (64, 1)])

@@ -42,7 +42,8 @@ class NumbaEngine(Engine):
         xs, ys = _views(x, y)
         sv = storage_view
         params = sv(scale), sv(B), sv(mean), sv(var)
-        path = policy.resolve_path(ys, path, policy.NORMALIZE_SERIAL_MAX_ELEMENTS)
+        path = policy.resolve_path(ys, path, policy.NORMALIZE_SERIAL_MAX_ELEMENTS,
+                                   asleep_rule=True)
         if path == "serial":  # one compiled call: guard, fold, tables, loop (per-call latency)
             period = policy.inference_period(C, S, x.itemsize, ys.size)
             return inference.normalize_serial(xs, ys, C, S, *params, epsilon, period, guard)

@@ -54,8 +54,11 @@ SERIAL_MAX_ELEMENTS = 1 << 16
 NORMALIZE_SERIAL_MAX_ELEMENTS = 1 << 16
 # While Numba's workers sleep (no parallel launch in the last
 # threads.AWAKE_SECONDS), waking them costs 25-40 us on this VM, 150 us after 10 ms
-# idle: calls up to this many times the serial limit run on one thread (on 2 threads;
-# fewer with more, see asleep_serial_max). Measured in docs/design.md.
+# idle: per-channel inference (the engine's inference, which asks for this rule) up
+# to this many times its serial limit runs on one thread (on 2 threads; fewer with
+# more, see asleep_serial_max). Not for the statistics families: their serial loops
+# are slower per element (instance norm on 7x7 planes: 150 us serial against 60 us
+# parallel at 100K elements). Measured in docs/design.md.
 ASLEEP_SERIAL_FACTOR = 16
 # Streaming (non-temporal) stores only when a call's traffic (X read plus Y written)
 # exceeds the last-level cache: below, ordinary stores leave Y in cache for the next
@@ -129,14 +132,15 @@ def wants_streaming(nbytes):
     return mode == "always"
 
 
-def choose_path(arr, serial_max=None):
+def choose_path(arr, serial_max=None, asleep_rule=False):
     """The path for a call over ``arr`` (a storage array): serial up to
-    ``serial_max`` elements (default :data:`SERIAL_MAX_ELEMENTS`), and up to
-    :func:`asleep_serial_max` of it while the workers sleep; else parallel or
-    streaming (streaming only for an output)."""
+    ``serial_max`` elements (default :data:`SERIAL_MAX_ELEMENTS`), and with
+    ``asleep_rule`` up to :func:`asleep_serial_max` of it while the workers sleep;
+    else parallel or streaming (streaming only for an output)."""
     limit = SERIAL_MAX_ELEMENTS if serial_max is None else serial_max
     n = arr.size
-    if n <= limit or (n <= asleep_serial_max(limit) and not threads.workers_awake()):
+    if n <= limit or (asleep_rule and n <= asleep_serial_max(limit)
+                      and not threads.workers_awake()):
         return "serial"
     if wants_streaming(arr.nbytes) and arr.flags.aligned and streaming_supported():
         return "streaming"
@@ -152,7 +156,7 @@ def asleep_serial_max(limit):
     return max(limit, limit * ASLEEP_SERIAL_FACTOR // (2 * (threads_ - 1)))
 
 
-def resolve_path(arr, path, serial_max=None):
+def resolve_path(arr, path, serial_max=None, asleep_rule=False):
     """``path`` checked, or the one :func:`choose_path` picks for ``arr``; "serial"
     in a forked child (see :mod:`normkernels.engine.threads`); streaming falls back
     to parallel where it cannot run."""
@@ -162,7 +166,7 @@ def resolve_path(arr, path, serial_max=None):
         took("one-thread")
         return "serial"
     if path is None:
-        return choose_path(arr, serial_max)
+        return choose_path(arr, serial_max, asleep_rule)
     if path == "streaming" and not (streaming_supported() and arr.flags.aligned):
         return "parallel"
     return path
