@@ -4,6 +4,16 @@ the plain call gives on the arrays' current contents, and the errors it gives.""
 import numpy as np
 import pytest
 from arrays import BFLOAT16, assert_identical
+from oracle import (
+    assert_close,
+    batch_norm,
+    batch_statistics,
+    instance_norm,
+    instance_tolerance,
+    statistics_tolerance,
+    tolerance,
+    training_tolerance,
+)
 
 import normkernels as nk
 from normkernels.engine import policy
@@ -51,6 +61,8 @@ def test_bound_call_reads_current_contents(rng, op, memory, out_kind, dtype):
         Y = call()
         assert Y is out if out is not None else Y.shape == X.shape
         assert_identical(Y, want)
+        assert_close(Y, batch_norm(source, *params, 1e-3, data_format),
+                     tolerance(source, *params, 1e-3, data_format, X.dtype))
         if out_kind != "inplace":
             assert_identical(X, source)
 
@@ -68,7 +80,9 @@ def test_copied_or_converted_arrays_are_bound_as_the_plain_call(rng):
         for _ in range(2):
             args[0][...] = rng.normal(size=args[0].shape)
             args[2][...] = rng.normal(size=5)
-            assert_identical(call(), nk.batch_normalization(*args))
+            Y = call()
+            assert_identical(Y, nk.batch_normalization(*args))
+            assert_close(Y, batch_norm(*args, 1e-5), tolerance(*args, 1e-5, "NCX", np.float32))
 
 
 def test_large_tensor_decides_its_path_per_call(rng, monkeypatch):
@@ -109,6 +123,17 @@ def test_other_operators_are_bound_as_plain_calls(rng):
     instance = nk.bind(nk.instance_normalization, X, *params[:2])
     moments = nk.bind(nk.moments, X)
     X *= 2
+    Y = training()[0]
+    mean, var = batch_statistics(X)
+    assert_close(Y, batch_norm(X, params[0], params[1], mean, var, 1e-5),
+                 training_tolerance(X, params[0], params[1], mean, var, 1e-5, "NCX"))
+    exact, imean, ivar = instance_norm(X, *params[:2], 1e-5)
+    assert_close(instance(), exact,
+                 instance_tolerance(X, *params[:2], imean, ivar, 1e-5, "NCX", X.dtype))
+    d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
+    got_mean, got_var = moments()
+    assert_close(got_mean, mean, d_mean, "mean")
+    assert_close(got_var, var, d_var, "variance")
     for got, want in [(training(), nk.batch_normalization(X, *params, training_mode=1)),
                       (instance(), nk.instance_normalization(X, *params[:2])),
                       (moments(), nk.moments(X))]:

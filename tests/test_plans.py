@@ -12,7 +12,16 @@ float64 oracle; every error must be the one the full checks give.
 import numpy as np
 import pytest
 from arrays import BFLOAT16, assert_identical
-from oracle import assert_close, batch_norm, tolerance
+from oracle import (
+    assert_close,
+    batch_norm,
+    batch_statistics,
+    instance_norm,
+    instance_tolerance,
+    statistics_tolerance,
+    tolerance,
+    training_tolerance,
+)
 
 import normkernels as nk
 from normkernels import reference
@@ -340,6 +349,9 @@ def test_instance_second_call_uses_the_plan(rng, monkeypatch, data_format, out_k
     Y, out = call(Xc := X.copy())
     assert Y is out if out is not None else Y.shape == X.shape
     assert_identical(Y, want)
+    exact, mean, var = instance_norm(X, scale, B, 1e-5, data_format)
+    assert_close(Y, exact, instance_tolerance(X, scale, B, mean, var, 1e-5, data_format,
+                                              X.dtype))
     if out_kind != "inplace":
         assert_identical(Xc, X)
 
@@ -383,6 +395,9 @@ def test_training_plan(rng, monkeypatch):
     again = nk.batch_normalization(X, *params, training_mode=1)
     for a, b in zip((*first, *want), (*again, *again), strict=True):
         assert_identical(a, b)
+    mean, var = batch_statistics(X)
+    assert_close(again[0], batch_norm(X, params[0], params[1], mean, var, 1e-5),
+                 training_tolerance(X, params[0], params[1], mean, var, 1e-5, "NCX"))
     monkeypatch.undo()
     with pytest.raises(ValueError, match="shares memory with input_mean"):
         buf = np.empty(int(np.prod(SHAPE)), np.float32)
@@ -402,6 +417,10 @@ def test_moments_plan(rng, monkeypatch):
     want = nk.moments(Y.tolist())  # the full path (a list makes no plan)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12)
+    mean, var = batch_statistics(Y)
+    d_mean, d_var = statistics_tolerance(mean, var, Y.dtype)
+    assert_close(got[0], mean, d_mean, "mean")
+    assert_close(got[1], var, d_var, "variance")
     assert_identical(nk.moments(X)[0], first[0])
     swapped = Y.astype(">f4")
     for a, b in zip(nk.moments(swapped), nk.moments(Y), strict=True):
