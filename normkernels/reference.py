@@ -30,7 +30,11 @@ from normkernels.kernels.storage import FLOAT64, compute_dtype
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import instance_normalization as _in
+from normkernels.ops import layer_norm as _dnnl_rows
+from normkernels.ops import layer_normalization as _ln
 from normkernels.ops import moments as _moments
+from normkernels.ops import rms_normalization as _rms
+from normkernels.ops import skip_layer_normalization as _skip
 
 
 class NumPyEngine(Engine):
@@ -85,6 +89,28 @@ class NumPyEngine(Engine):
         normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self)
         return mean, m2
 
+    def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
+                       sums=None, path=None):
+        M, K = x.shape
+        cd = compute_dtype(x.dtype)
+        with np.errstate(all="ignore"):
+            if skip is not None:
+                total = (x.astype(cd).reshape(-1, *skip.shape) + skip.astype(cd)).reshape(M, K)
+                if bias is not None:
+                    total = total + bias.astype(cd)
+                x = total.astype(x.dtype)
+                if sums is not None:
+                    sums[...] = x
+            wide = x.astype(np.float64)
+            if centered:
+                mean = wide.mean(axis=1)
+                var = ((wide - mean[:, None]) ** 2).mean(axis=1)
+            else:
+                mean = np.zeros(M)
+                var = (wide * wide).mean(axis=1)
+        normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var)
+        return mean, var
+
 
 ENGINE = NumPyEngine()
 
@@ -105,6 +131,17 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE):
         shape = (N, 1, C)
         result = (xv - m.reshape(shape)) * a.reshape(shape) + b.reshape(shape)
         y.reshape(N, R, C)[...] = result.astype(y.dtype)
+
+
+def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var):
+    """Y of a row normalization from the per-row float64 ``mean`` and ``var`` (the
+    mean square when not centred): the kernels' arithmetic, bit for bit."""
+    m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
+    cd = m.dtype
+    b = np.full(x.shape[1], -0.0, cd) if B is None else B.astype(cd)
+    with np.errstate(all="ignore"):
+        normalized = (x.astype(cd) - m[:, None]) * a[:, None] + c[:, None]
+        y[...] = (normalized * scale.astype(cd) + b).astype(y.dtype)
 
 
 def _instance_parameters(x, scale, B, epsilon, mean, m2, count, engine):
@@ -136,6 +173,27 @@ def fold_parameters(scale, B, mean, var, epsilon, dtype):
     return m, a, b
 
 
+def fold_rows(mean, var, epsilon, centered, dtype):
+    """Per-row ``(m, a, c)`` in the compute dtype of ``dtype`` such that ``(x - m) * a
+    + c`` is ``(x - mean) / sqrt(var + epsilon)``: the rule the row kernels follow
+    (:func:`normkernels.kernels.rows.fold_row`). ``a`` is computed in float64 and
+    rounded once; ``m`` is the mean rounded to the compute dtype and ``c`` the residual
+    ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite), or ``-0.0``,
+    which adds nothing, not even to a negative zero. Not ``centered`` (RMS): ``m = 0``
+    and ``c = -0.0``: ``x * a`` exactly."""
+    cd = compute_dtype(dtype)
+    with np.errstate(all="ignore"):
+        inv = 1.0 / np.sqrt(var + epsilon)
+        a = inv.astype(cd)
+        if not centered:
+            return np.zeros(mean.size, cd), a, np.full(mean.size, -0.0, cd)
+        m = mean.astype(cd)
+        if cd == FLOAT64:
+            return m, a, np.full(mean.size, -0.0, cd)
+        c = np.where(np.isfinite(m), -((mean - m.astype(FLOAT64)) * inv), -0.0)
+        return m, a, c.astype(cd)
+
+
 def batch_normalization(X, scale, B, input_mean, input_var, **attributes):
     """Slow twin of :func:`normkernels.batch_normalization` (same arguments)."""
     return _bn.batch_normalization(X, scale, B, input_mean, input_var, engine=ENGINE,
@@ -161,3 +219,40 @@ def moments(X, *, data_format="NCX"):
 def partial_moments(X, *, data_format="NCX"):
     """Slow twin of :func:`normkernels.partial_moments`."""
     return _moments.partial_statistics(X, data_format, ENGINE)
+
+
+def layer_normalization(X, Scale, B=None, **attributes):
+    """Slow twin of :func:`normkernels.layer_normalization`."""
+    return _ln.layer_normalization(X, Scale, B, engine=ENGINE, **attributes)
+
+
+def rms_normalization(X, scale, **attributes):
+    """Slow twin of :func:`normkernels.rms_normalization`."""
+    return _rms.rms_normalization(X, scale, engine=ENGINE, **attributes)
+
+
+def simplified_layer_normalization(X, scale, **attributes):
+    """Slow twin of :func:`normkernels.simplified_layer_normalization`."""
+    return _rms.simplified_layer_normalization(X, scale, engine=ENGINE, **attributes)
+
+
+def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, **attributes):
+    """Slow twin of :func:`normkernels.skip_layer_normalization`."""
+    return _skip.skip_layer_normalization(input, skip, gamma, beta, bias, engine=ENGINE,
+                                          **attributes)
+
+
+def skip_simplified_layer_normalization(input, skip, gamma, bias=None, **attributes):
+    """Slow twin of :func:`normkernels.skip_simplified_layer_normalization`."""
+    return _skip.skip_simplified_layer_normalization(input, skip, gamma, bias, engine=ENGINE,
+                                                     **attributes)
+
+
+def layer_norm(src, gamma=None, beta=None, **attributes):
+    """Slow twin of :func:`normkernels.layer_norm`."""
+    return _dnnl_rows.layer_norm(src, gamma, beta, engine=ENGINE, **attributes)
+
+
+def rms_norm(src, gamma=None, **attributes):
+    """Slow twin of :func:`normkernels.rms_norm`."""
+    return _dnnl_rows.rms_norm(src, gamma, engine=ENGINE, **attributes)

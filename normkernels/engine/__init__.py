@@ -66,3 +66,17 @@ class Engine:
         ``C``); writes ``y``, returns the per-(n, c) ``(mean, M2)``, flat ``n*C + c``."""
         raise NotImplementedError
 
+
+    def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
+                       sums=None, path=None):
+        """Row normalization of 2-D ``x`` (``M`` rows of ``K``, each row contiguous)
+        into ``y`` (same shape; may be ``x``): per row the mean and population
+        variance (``centered``) or the mean square, then ``y = (x - mean) /
+        sqrt(var + epsilon) * scale + B`` (``mean`` 0 when not centred) by the rule of
+        :func:`normkernels.reference.fold_rows`; ``scale`` and ``B`` (None: no shift)
+        are ``K`` columns in any float dtype. ``skip`` (rows of ``K``; row ``r`` uses
+        ``skip[r % len(skip)]``) and ``bias`` (``K``, or None) first replace each row by
+        ``x + skip + bias`` rounded to x's dtype, which ``sums`` (``M x K``, optional)
+        receives. Returns float64 ``(mean, var)`` per row (``var``: the mean square
+        when not centred)."""
+        raise NotImplementedError

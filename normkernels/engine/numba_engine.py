@@ -12,7 +12,7 @@ import numpy as np
 from normkernels.engine import Engine, policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import inference, instance
+from normkernels.kernels import inference, instance, rows
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE
@@ -164,6 +164,52 @@ class NumbaEngine(Engine):
                     xs, ys, C, R, rows, m, a, b)
         return mean, m2
 
+    def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
+                       sums=None, path=None):
+        M, K = x.shape
+        cd = compute_dtype(x.dtype)
+        (xs, xr), (ys, yr) = _flat_rows(x), _flat_rows(y)
+        s = np.ascontiguousarray(scale, dtype=cd)
+        b = np.full(K, -0.0, cd) if B is None else np.ascontiguousarray(B, dtype=cd)
+        mean, var = np.empty(M), np.empty(M)
+        m, a, c = np.empty(M, cd), np.empty(M, cd), np.empty(M, cd)
+        epsilon = float(epsilon)
+        path = policy.resolve_path(ys, path)
+        if policy.split_rows(M, K, path):
+            took("rows", "split", path)
+            if skip is not None:  # few rows: the sums in NumPy, then as without skip
+                target = sums if sums is not None else np.empty(x.shape, x.dtype)
+                _add_skip(x, skip, bias, target)
+                xs, xr = _flat_rows(target)
+            chunks = -(-K // reductions.PLANE_CHUNK)
+            part_mean, part_m2 = np.empty((M, chunks)), np.empty((M, chunks))
+            with launch_guard(path):
+                if centered:
+                    rows.moment_partials(xs, xr, K, part_mean, part_m2)
+                else:
+                    rows.square_partials(xs, xr, K, part_m2)
+            rows.merge_partials(part_mean, part_m2, K, centered, mean, var)
+            rows.fold_rows(mean, var, epsilon, centered, m, a, c)
+            kernel = rows.normalize_streaming if path == "streaming" else rows.normalize_parallel
+            with launch_guard(path):
+                kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, m, a, c, s, b)
+            return mean, var
+        if skip is None:
+            skip_s, bias_t = xs[:0], b[:0]
+        else:
+            skip_s = storage_view(skip).ravel()
+            bias_t = np.full(K, -0.0, cd) if bias is None else np.ascontiguousarray(bias, dtype=cd)
+        sums_s = xs[:0] if sums is None else storage_view(sums).ravel()
+        args = (xs, xr, ys, yr, K, s, b, epsilon, centered)
+        outs = (mean, var, m, a, c, skip_s, bias_t, sums_s)
+        took("rows", "fused", path)
+        if path == "serial":
+            rows.rows_serial(*args, *outs)
+        else:
+            kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
+            with launch_guard(path):
+                kernel(*args, policy.rows_per_item(M, K), *outs)
+        return mean, var
 
 ENGINE = NumbaEngine()
 
@@ -230,3 +276,26 @@ def _row_moments(xs, P, C, S, count, mean, m2, path):
         _kernel(reductions.merge_rows, reductions.merge_rows_serial, path)(
             part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)
 
+
+
+def _flat_rows(a):
+    """``(flat, row_stride)``: 2-D ``a`` (rows contiguous) as one flat storage array
+    from its first element to its last, and the row stride in elements."""
+    if a.flags.c_contiguous:
+        return storage_view(a).ravel(), a.shape[1]
+    stride = a.strides[0] // a.itemsize
+    n = (a.shape[0] - 1) * stride + a.shape[1] if a.size else 0
+    flat = np.lib.stride_tricks.as_strided(a, shape=(n,), strides=(a.itemsize,))
+    return storage_view(flat), stride
+
+
+def _add_skip(x, skip, bias, target):
+    """``target = x + skip + bias`` per row (skip rows repeating), rounded once to
+    x's dtype: the arithmetic of the fused kernel's skip add."""
+    cd = compute_dtype(x.dtype)
+    reps = x.shape[0] // skip.shape[0]
+    with np.errstate(all="ignore"):
+        total = (x.astype(cd).reshape(reps, skip.shape[0], -1) + skip.astype(cd)).reshape(x.shape)
+        if bias is not None:
+            total += bias.astype(cd)
+        target[...] = total.astype(x.dtype)

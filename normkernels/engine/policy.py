@@ -14,7 +14,7 @@ import platform
 import numba
 
 from normkernels.engine import PATHS, threads
-from normkernels.kernels.options import MAX_LANES, MIN_PLANE, TABLE_PAD
+from normkernels.kernels.options import MAX_LANES, MIN_PLANE, SHORT_ROW, TABLE_PAD
 
 # --- routes: every way a call can run, by name ---
 # Each decision of the engine reports the route it takes to ``_trace`` when a test
@@ -32,6 +32,8 @@ ROUTES = (
     "instance_planes/fused-short/parallel", "instance_planes/split",
     "instance_rows/per-sample", "instance_rows/one-launch/serial",
     "instance_rows/one-launch/parallel",
+    "rows/fused/serial", "rows/fused/parallel", "rows/fused/streaming",
+    "rows/split/parallel", "rows/split/streaming",
     "one-thread",  # a forked child: every call on the serial path
 )
 _trace = None
@@ -267,3 +269,26 @@ def split_instance_planes(n_planes, S, itemsize, path):
     return S >= MIN_PLANE and path != "serial" and (
         S < FUSED_MIN_PLANE or S * itemsize > FUSED_MAX_PLANE_BYTES
         or n_planes < 2 * numba.get_num_threads())
+
+
+# --- row normalizations ---
+# Rows per work item of the fused kernel: about ROWS_ITEM_ELEMENTS elements, at most
+# a quarter of each thread's share (load balance), at least one row.
+ROWS_ITEM_ELEMENTS = 1 << 15
+# Fewer rows than this many per thread: statistics and normalize split by column
+# chunks (a row per thread would leave threads idle); the row is then read twice.
+SPLIT_ROWS_PER_THREAD = 2
+SPLIT_RUN = 1 << 14  # columns per normalize work item of the split path
+
+
+def rows_per_item(M, K):
+    threads_ = numba.get_num_threads()
+    return max(1, min(ROWS_ITEM_ELEMENTS // max(K, 1), M // (4 * threads_)))
+
+
+def split_rows(M, K, path):
+    """Split statistics and normalize (else fused rows) for a row normalization; never
+    for rows shorter than ``SHORT_ROW``, whose statistics only the fused kernel
+    computes (no work worth splitting)."""
+    return (path != "serial" and K >= SHORT_ROW
+            and M < SPLIT_ROWS_PER_THREAD * numba.get_num_threads())

@@ -162,3 +162,16 @@ def _compute_empty_impl(arr, n):
     if arr.dtype == types.float64:
         return lambda arr, n: np.empty(n, np.float64)
     return lambda arr, n: np.empty(n, np.float32)
+
+
+def item_bytes(arr):
+    """``arr.itemsize`` as a compile-time constant (``arr.itemsize`` is read at run
+    time, and dividing by it is an integer division on every use); callable from
+    ``@njit`` code only."""
+    raise NotImplementedError("item_bytes is only callable from @njit code")
+
+
+@overload(item_bytes, inline="always")
+def _item_bytes_impl(arr):
+    size = arr.dtype.bitwidth // 8
+    return lambda arr: size

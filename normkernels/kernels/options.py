@@ -21,3 +21,6 @@ MIN_PLANE = MAX_LANES
 # Parameter tables of the periodic loop carry this many entries of wrap-around past
 # one period, so a vector starting at any phase reads inside the table.
 TABLE_PAD = MAX_LANES
+# Row normalizations: rows shorter than this take inlined float64 statistics (a call
+# of the blocked reductions costs more than such a row) and are never split.
+SHORT_ROW = 64

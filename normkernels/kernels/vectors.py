@@ -270,6 +270,46 @@ def _split_intrinsic(nontemporal):
     return intrinsic(typer)
 
 
+def _row_codegen(nontemporal):
+    """``y[yi] = ((x[xi] - m) * a + c) * s[j] + b[j]`` (one vector each): a run of a row
+    of a row normalization (scalars ``m, a, c`` of the row, tables ``s, b`` of its
+    columns)."""
+
+    def codegen(context, builder, sig, args):
+        xty, yty = sig.args[0], sig.args[2]
+        xi, yi, j = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (1, 3, 9))
+        lanes, elem, widen, narrow = _storage_codec(yty.dtype)
+        xv = _load_vector(builder, _element_ptr(context, builder, xty, args[0], xi),
+                          lanes, elem, xty.dtype.bitwidth // 8)
+        if widen is not None:
+            xv = widen(builder, xv, lanes)
+        m, a, c = (_broadcast(builder, args[k], lanes) for k in (4, 5, 6))
+        s, b = (_load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], j),
+                             lanes, xv.type.element, sig.args[k].dtype.bitwidth // 8)
+                for k in (7, 8))
+        normalized = builder.fadd(builder.fmul(builder.fsub(xv, m), a), c)
+        yv = builder.fadd(builder.fmul(normalized, s), b)
+        if narrow is not None:
+            yv = narrow(builder, yv, lanes)
+        _store(context, builder, yty, args[2], yi, yv, nontemporal)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+def _row_intrinsic(nontemporal):
+    def typer(typingctx, x, xi, y, yi, m, a, c, s, b, j):
+        if not _arrays_ok(x, y, xi) or not all(isinstance(t, types.Integer) for t in (yi, j)):
+            return None
+        if any(t != _compute_type(y) for t in (m, a, c)):
+            return None
+        if not all(isinstance(t, types.Array) and t.dtype == _compute_type(y) for t in (s, b)):
+            return None
+        return types.void(x, xi, y, yi, m, a, c, s, b, j), _row_codegen(nontemporal)
+
+    return intrinsic(typer)
+
+
 # ``vector_*`` store ordinarily (any alignment); ``stream_*`` store non-temporally and
 # need ``y[index]`` 64-byte aligned. Signatures:
 #   *_scale_shift(x, y, index, mean, a, b)                   scalar parameters
@@ -282,6 +322,9 @@ vector_scale_shift_tables = _tables_intrinsic(False)
 stream_scale_shift_tables = _tables_intrinsic(True)
 vector_scale_shift_split = _split_intrinsic(False)
 stream_scale_shift_split = _split_intrinsic(True)
+#   *_normalize_row(x, xi, y, yi, m, a, c, s, b, j)   y[yi] = ((x[xi] - m) * a + c) * s[j] + b[j]
+vector_normalize_row = _row_intrinsic(False)
+stream_normalize_row = _row_intrinsic(True)
 
 
 @intrinsic

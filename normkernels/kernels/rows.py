@@ -1,0 +1,324 @@
+"""Row normalizations: statistics per row, parameters per column.
+
+X is ``M`` rows of ``K`` elements. The kernels take flat storage arrays and row
+strides (in elements: row ``r`` of ``x`` is ``x[r * xr : r * xr + K]``) and index
+them with offsets, never slices: a slice per row costs reference counting, which
+made a row of 4 elements cost 120 ns. Per row the kernels compute float64
+statistics, fold them into compute-dtype scalars ``m, a, c`` and write
+
+    ``y = ((x - m) * a + c) * s[k] + b[k]``
+
+with column tables ``s`` (scale) and ``b`` (bias) in the compute dtype. Centred
+(layer normalization): ``m`` is the row mean rounded to the compute dtype, ``a`` is
+``1 / sqrt(var + epsilon)`` rounded once, ``c = -(mean - m) * a`` the mean's residual
+(float32 compute: rounding the mean alone would cost half an ulp of ``|mean|`` in every
+output). Uncentred (RMS): ``m = 0``, ``c = -0.0`` (exact identities: the result is
+``x * a * s + b``). The rule is :func:`normkernels.reference.fold_rows`.
+
+Statistics of a row: chunks of ``PLANE_CHUNK`` elements, each by two float64 passes
+over the chunk in cache (the mean, then the squared deviations; or the sum of
+squares), merged in order with Chan's formula.
+
+Two shapes of work:
+
+* **fused rows** (the usual case): work items are blocks of rows; each block (about
+  ``BLOCK_ELEMENTS``) is reduced row by row, folded, and normalized while it is in
+  L2, so X is read from memory once. With ``skip`` (onnxruntime's
+  SkipLayerNormalization) the rows are first ``x + skip + bias``, written to ``sums``
+  (the operator's fourth output) or to scratch rows, and normalized from there.
+* **split rows** (fewer rows than threads): :func:`moment_partials` or
+  :func:`square_partials` over (row, chunk) items, merged per row in order, then
+  :func:`normalize_parallel` over (row, column run) items. The row is read twice.
+
+A row's statistics are the same chunk results merged in the same order on both, so
+the choice (which depends on the thread count) never changes a bit.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
+from normkernels.kernels.elements import item_bytes, load, store
+from normkernels.kernels.options import (
+    INLINE_OPTIONS,
+    KERNEL_OPTIONS,
+    MOMENTS_OPTIONS,
+    SHORT_ROW,
+    VECTOR_BYTES,
+)
+from normkernels.kernels.scale_shift import store_fence
+from normkernels.kernels.statistics import PLANE_CHUNK, chan_merge
+from normkernels.kernels.vectors import stream_normalize_row, vector_normalize_row
+
+_INLINE = INLINE_OPTIONS
+BLOCK_ELEMENTS = 1 << 15  # rows reduced, folded and normalized together (in L2)
+
+
+# The reductions slice once per call and index the slice from 0: with ``x[o + i]``
+# Numba wraps negative indices and LLVM did not vectorise (10x slower).
+
+
+@njit(**MOMENTS_OPTIONS)
+def chunk_moments(x, o, n):
+    """(mean, M2) of ``x[o:o+n]`` by two float64 passes (vectorised: reductions may
+    reassociate)."""
+    xs = x[o:o + n]
+    total = 0.0
+    for i in range(n):
+        total += np.float64(load(xs, i))
+    mean = total / n
+    q = 0.0
+    for i in range(n):
+        d = np.float64(load(xs, i)) - mean
+        q += d * d
+    return mean, q
+
+
+@njit(**MOMENTS_OPTIONS)
+def chunk_squares(x, o, n):
+    """Sum of squares of ``x[o:o+n]`` in float64 (16-bit squares never overflow)."""
+    xs = x[o:o + n]
+    total = 0.0
+    for i in range(n):
+        v = np.float64(load(xs, i))
+        total += v * v
+    return total
+
+
+@njit(**_INLINE)
+def _short_statistics(x, o, K, centered):
+    """(mean, var) of a row shorter than ``SHORT_ROW``: plain float64 passes, inlined
+    (a call of :func:`chunk_moments` cost 15 ns, a row of 4 elements 2 ns inlined)."""
+    if not centered:
+        total = 0.0
+        for i in range(K):
+            v = np.float64(load(x, o + i))
+            total += v * v
+        return 0.0, total / K
+    total = 0.0
+    for i in range(K):
+        total += np.float64(load(x, o + i))
+    mu = total / K
+    q = 0.0
+    for i in range(K):
+        d = np.float64(load(x, o + i)) - mu
+        q += d * d
+    return mu, q / K
+
+
+@njit(**_INLINE)
+def row_statistics(x, o, K, centered):
+    """(mean, var) of row ``x[o:o+K]``: the population variance, or the mean square
+    when not ``centered`` (mean 0); chunk by chunk, merged in order."""
+    if K < SHORT_ROW:
+        return _short_statistics(x, o, K, centered)
+    if not centered:
+        total = 0.0
+        for lo in range(0, K, PLANE_CHUNK):
+            total += chunk_squares(x, o + lo, min(K - lo, PLANE_CHUNK))
+        return 0.0, total / K
+    n, mu, q = 0, 0.0, 0.0
+    for lo in range(0, K, PLANE_CHUNK):
+        size = min(K - lo, PLANE_CHUNK)
+        mean_k, m2_k = chunk_moments(x, o + lo, size)
+        n, mu, q = chan_merge(n, mu, q, size, mean_k, m2_k)
+    return mu, q / K
+
+
+@njit(**_INLINE)
+def fold_row(mean, var, epsilon, centered, m, a, c, r):
+    """Entry ``r`` of the row scalars (rule: :func:`normkernels.reference.fold_rows`)."""
+    inv = 1.0 / math.sqrt(var + epsilon)
+    a[r] = inv
+    if not centered:
+        m[r] = 0.0
+        c[r] = -0.0
+        return
+    m[r] = mean
+    if m.itemsize == 8 or not math.isfinite(m[r]):
+        c[r] = -0.0
+    else:
+        c[r] = -((mean - np.float64(m[r])) * inv)
+
+
+@njit(**_INLINE)
+def vector_row(x, xi, y, yi, m, a, c, s, b, j):
+    vector_normalize_row(x, xi, y, yi, m, a, c, s, b, j)
+
+
+@njit(**_INLINE)
+def stream_row(x, xi, y, yi, m, a, c, s, b, j):
+    stream_normalize_row(x, xi, y, yi, m, a, c, s, b, j)
+
+
+@njit(**_INLINE)
+def _scalar_run(x, xo, y, yo, n, m, a, c, s, b, j):
+    for i in range(n):
+        store(y, yo + i, ((load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i])
+
+
+@njit(**_INLINE)
+def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector):
+    """``n`` elements of a row from ``x[xo]`` into ``y[yo]``, columns from ``j``: scalar
+    head to 64-byte alignment of ``y``, vectors, scalar tail."""
+    size = item_bytes(y)  # a constant: y.itemsize is read at run time (a division per row)
+    width = VECTOR_BYTES // size
+    misalignment = (y.ctypes.data + yo * size) & (VECTOR_BYTES - 1)
+    head = 0 if misalignment == 0 else min(n, (VECTOR_BYTES - misalignment) // size)
+    body = head + (n - head) // width * width
+    _scalar_run(x, xo, y, yo, head, m, a, c, s, b, j)
+    for i in range(head, body, width):
+        vector(x, xo + i, y, yo + i, m, a, c, s, b, j + i)
+    _scalar_run(x, xo + body, y, yo + body, n - body, m, a, c, s, b, j + body)
+
+
+@njit(**_INLINE)
+def _add_row(x, xo, skip, so, bias, dest, do, K):
+    for i in range(K):
+        store(dest, do + i, (load(x, xo + i) + load(skip, so + i)) + bias[i])
+
+
+@njit(**_INLINE)
+def _block(src, base, stride, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a,
+           c, vector):
+    """Rows ``first..last-1`` (in cache together; row ``r`` is ``src[base + r *
+    stride:][:K]``): statistics of each row, the fold of them all, then normalize each
+    row. Three loops, not one: the division and square root of the fold then pipeline
+    across rows (a row of 4 elements: 15 ns against 83)."""
+    for r in range(first, last):
+        mean[r], var[r] = row_statistics(src, base + r * stride, K, centered)
+    for r in range(first, last):
+        fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
+    for r in range(first, last):
+        normalize_run(src, base + r * stride, y, r * yr, K, m[r], a[r], c[r], s, b, 0, vector)
+
+
+@njit(**_INLINE)
+def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
+          bias, sums, vector):
+    """Rows ``first..last-1``, fused, in blocks of about ``BLOCK_ELEMENTS``. With skip,
+    each block's sums are written first (to ``sums``, or to scratch rows) and the
+    block is normalized from them."""
+    per_block = max(1, BLOCK_ELEMENTS // K)
+    if skip.size == 0:
+        for lo in range(first, last, per_block):
+            _block(x, 0, xr, y, yr, K, lo, min(last, lo + per_block), s, b, epsilon, centered,
+                   mean, var, m, a, c, vector)
+        return
+    n_skip = skip.size // K
+    dest = np.empty(min(per_block, last - first) * K, x.dtype) if sums.size == 0 else sums
+    for lo in range(first, last, per_block):
+        hi = min(last, lo + per_block)
+        base = -lo * K if sums.size == 0 else 0  # scratch holds this block's rows only
+        for r in range(lo, hi):
+            _add_row(x, r * xr, skip, (r % n_skip) * K, bias, dest, base + r * K, K)
+        _block(dest, base, K, y, yr, K, lo, hi, s, b, epsilon, centered, mean, var, m, a, c,
+               vector)
+
+
+@njit(**KERNEL_OPTIONS)
+def rows_serial(x, xr, y, yr, K, s, b, epsilon, centered, mean, var, m, a, c, skip, bias,
+                sums):
+    """Every row fused, on one thread: statistics into ``mean[r], var[r]`` (float64;
+    ``var`` is the mean square when not ``centered``), scalars into ``m, a, c``, Y into
+    ``y``. ``skip`` (contiguous rows of ``K``; row ``r`` adds skip row ``r % rows``)
+    empty means no skip; ``sums`` (contiguous ``M x K``) empty means the sums are not
+    kept."""
+    _rows(x, xr, y, yr, K, 0, mean.size, s, b, epsilon, centered, mean, var, m, a, c, skip,
+          bias, sums, vector_row)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def rows_parallel(x, xr, y, yr, K, s, b, epsilon, centered, rows_per_item, mean, var, m, a,
+                  c, skip, bias, sums):
+    """:func:`rows_serial`, items of ``rows_per_item`` rows in parallel."""
+    M = mean.size
+    for item in prange((M + rows_per_item - 1) // rows_per_item):
+        first = item * rows_per_item
+        _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
+              mean, var, m, a, c, skip, bias, sums, vector_row)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def rows_streaming(x, xr, y, yr, K, s, b, epsilon, centered, rows_per_item, mean, var, m, a,
+                   c, skip, bias, sums):
+    """:func:`rows_parallel` with streaming stores."""
+    M = mean.size
+    for item in prange((M + rows_per_item - 1) // rows_per_item):
+        first = item * rows_per_item
+        _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
+              mean, var, m, a, c, skip, bias, sums, stream_row)
+        store_fence()
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def moment_partials(x, xr, K, part_mean, part_m2):
+    """(mean, M2) of every (row, chunk of ``PLANE_CHUNK``): ``part_*[r, k]``."""
+    chunks = part_mean.shape[1]
+    for item in prange(part_mean.size):
+        r = item // chunks
+        k = item % chunks
+        lo = k * PLANE_CHUNK
+        part_mean[r, k], part_m2[r, k] = chunk_moments(x, r * xr + lo, min(K - lo, PLANE_CHUNK))
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def square_partials(x, xr, K, part):
+    """Sum of squares of every (row, chunk of ``PLANE_CHUNK``): ``part[r, k]``."""
+    chunks = part.shape[1]
+    for item in prange(part.size):
+        r = item // chunks
+        k = item % chunks
+        lo = k * PLANE_CHUNK
+        part[r, k] = chunk_squares(x, r * xr + lo, min(K - lo, PLANE_CHUNK))
+
+
+@njit(**KERNEL_OPTIONS)
+def merge_partials(part_mean, part_m2, K, centered, mean, var):
+    """Per-row ``(mean, var)`` from the chunk partials, merged in order as
+    :func:`row_statistics` merges them (``part_mean`` unused when not centred)."""
+    for r in range(mean.size):
+        if centered:
+            n, mu, q = 0, 0.0, 0.0
+            for k in range(part_m2.shape[1]):
+                size = min(K - k * PLANE_CHUNK, PLANE_CHUNK)
+                n, mu, q = chan_merge(n, mu, q, size, part_mean[r, k], part_m2[r, k])
+            mean[r], var[r] = mu, q / K
+        else:
+            total = 0.0
+            for k in range(part_m2.shape[1]):
+                total += part_m2[r, k]
+            mean[r], var[r] = 0.0, total / K
+
+
+@njit(**KERNEL_OPTIONS)
+def fold_rows(mean, var, epsilon, centered, m, a, c):
+    """The row scalars of every row (:func:`fold_row`)."""
+    for r in range(mean.size):
+        fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def normalize_parallel(x, xr, y, yr, K, run, m, a, c, s, b):
+    """Y from folded row scalars over (row, ``run`` columns) items in parallel."""
+    runs = (K + run - 1) // run
+    for item in prange(m.size * runs):
+        r = item // runs
+        lo = (item % runs) * run
+        normalize_run(x, r * xr + lo, y, r * yr + lo, min(K - lo, run), m[r], a[r], c[r], s,
+                      b, lo, vector_row)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def normalize_streaming(x, xr, y, yr, K, run, m, a, c, s, b):
+    """:func:`normalize_parallel` with streaming stores."""
+    runs = (K + run - 1) // run
+    for item in prange(m.size * runs):
+        r = item // runs
+        lo = (item % runs) * run
+        normalize_run(x, r * xr + lo, y, r * yr + lo, min(K - lo, run), m[r], a[r], c[r], s,
+                      b, lo, stream_row)
+        store_fence()

@@ -1,0 +1,108 @@
+"""oneDNN Graph LayerNorm-1 and RMSNorm-1 (spec layer).
+
+LayerNorm: ``dst = gamma * (src - mean) / sqrt(variance + epsilon) + beta`` over the
+axes ``begin_norm_axis..`` (population mean and variance). With ``keep_stats`` (the
+default) the outputs are ``(dst, mean, variance)``, the statistics of shape
+``src.shape[:begin_norm_axis]`` (oneDNN drops the normalized axes; ONNX keeps them as
+ones) in gamma's type (float32 without gamma). ``use_affine`` (default) needs gamma and
+beta, both of the normalized span (``src.shape[begin_norm_axis:]`` or flat); without it
+neither may be given.
+
+RMSNorm: ``dst = gamma * src / sqrt(mean(src**2) + epsilon)``; gamma optional,
+broadcastable to src. The graph document writes ``sqrt(RMS(x) + eps)`` with RMS
+already a square root (a fourth root); the primitive document and the lowering define
+the square root of the mean square plus epsilon, which is what this computes.
+
+Types (the documents' tables): src/dst float32 with float32 gamma (and beta, mean,
+variance); bfloat16 src with float32 or bfloat16; float16 src with float32 (RMSNorm:
+also float16).
+"""
+
+import numpy as np
+
+from normkernels.ops import common, rows
+from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
+
+LAYER_NORM = "LayerNorm"
+RMS_NORM = "RMSNorm"
+SRC = (FLOAT32, BFLOAT16, FLOAT16)
+_GAMMA = {  # src dtype -> gamma dtypes, per operator
+    LAYER_NORM: {FLOAT32: (FLOAT32,), BFLOAT16: (FLOAT32, BFLOAT16), FLOAT16: (FLOAT32,)},
+    RMS_NORM: {FLOAT32: (FLOAT32,), BFLOAT16: (FLOAT32, BFLOAT16),
+               FLOAT16: (FLOAT32, FLOAT16)},
+}
+
+
+def _check_bool(label, name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{label}: {name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _params(label, X, named):
+    """The given parameters, checked for dtype (one dtype, allowed for src's)."""
+    params = {n: common.as_array(n, v) for n, v in named.items() if v is not None}
+    allowed = _GAMMA[label][X.dtype]
+    for name, p in params.items():
+        common.check_dtype(label, name, p, allowed)
+    common.check_same_dtype(label, "T2", params)
+    return params
+
+
+def _src(label, src, begin_norm_axis, epsilon):
+    X = common.as_array("src", src)
+    common.check_dtype(label, "src", X, SRC)
+    a = rows.normalized_axis(label, "begin_norm_axis", begin_norm_axis, X.ndim)
+    eps = common.check_epsilon(label, epsilon)
+    M, K = rows.rows_shape(X.shape, a)
+    if K == 0 and M > 0:
+        raise ValueError(f"{label}: src of shape {X.shape} has rows of zero elements: "
+                         "their statistics are undefined")
+    return X, a, eps
+
+
+def layer_norm(src, gamma=None, beta=None, *, begin_norm_axis=-1, epsilon=1e-5,
+               keep_stats=True, use_affine=True, out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.layer_norm`."""
+    label = LAYER_NORM
+    X, a, eps = _src(label, src, begin_norm_axis, epsilon)
+    keep = _check_bool(label, "keep_stats", keep_stats)
+    affine = _check_bool(label, "use_affine", use_affine)
+    given = [n for n, v in (("gamma", gamma), ("beta", beta)) if v is not None]
+    if affine and len(given) != 2:
+        raise ValueError(f"{label}: use_affine=True needs gamma and beta (got "
+                         f"{', '.join(given) or 'neither'})")
+    if not affine and given:
+        raise ValueError(f"{label}: use_affine=False takes no gamma or beta (got "
+                         f"{', '.join(given)})")
+    params = _params(label, X, {"gamma": gamma, "beta": beta})
+    span = X.shape[a:]
+    K = rows.rows_shape(X.shape, a)[1]
+    for name, p in params.items():
+        if p.shape != span and p.shape != (K,):
+            raise ValueError(f"{label}: {name} must have the normalized shape {span} "
+                             f"(or ({K},)), got {p.shape}")
+        params[name] = p.reshape(span)
+    if out is not None:
+        rows.check_out(label, out, X, params)
+    stats = params["gamma"].dtype if params else FLOAT32
+    scale = params.get("gamma", np.ones(1, FLOAT32))
+    Y, mean, var = rows.normalize(X, a, scale, params.get("beta"), eps, True, engine, path,
+                                  out)
+    if not keep:
+        return Y
+    shape = X.shape[:a]
+    return Y, mean.astype(stats).reshape(shape), var.astype(stats).reshape(shape)
+
+
+def rms_norm(src, gamma=None, *, begin_norm_axis=-1, epsilon=1e-5, out=None, engine,
+             path=None):
+    """Spec layer of :func:`normkernels.rms_norm`."""
+    label = RMS_NORM
+    X, a, eps = _src(label, src, begin_norm_axis, epsilon)
+    params = _params(label, X, {"gamma": gamma})
+    scale = params.get("gamma", np.ones(1, FLOAT32))
+    rows.check_broadcast(label, "gamma", scale, X.shape)
+    if out is not None:
+        rows.check_out(label, out, X, params)
+    return rows.normalize(X, a, scale, None, eps, False, engine, path, out)[0]

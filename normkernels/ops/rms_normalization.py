@@ -1,0 +1,85 @@
+"""ONNX RMSNormalization-23 and onnxruntime's SimplifiedLayerNormalization (spec layer).
+
+Per row (the axes ``axis..`` of X): ``Y = X / sqrt(mean(X**2) + epsilon) * scale``.
+X has type T, scale type V (each float16, bfloat16, float32 or float64) and Y type V,
+as the schemas declare. SimplifiedLayerNormalization (onnxruntime, default domain) is
+the same with an optional second output ``inv_std_var = 1 / sqrt(mean(X**2) +
+epsilon)`` of shape ``X.shape[:axis] + (1, ...)`` in its U type (stash_type 1:
+float32, 11: float64).
+
+Where the function body and normkernels differ (README, "Row normalizations"):
+
+* the mean square is accumulated in float64 whatever ``stash_type`` (the body squares
+  in the stash type; float16 squares overflow above 256), and the normalized value
+  computed in float32 (float64 when X or scale is float64);
+* T != V: the body's ``Mul`` is ill-typed and onnxruntime rejects the node;
+  normkernels computes ``normalized * scale`` in the wider compute dtype and rounds
+  once to V;
+* for 16-bit X the normalized value is not rounded to X's type before the scale.
+"""
+
+from dataclasses import dataclass
+
+from normkernels.ops import common, rows
+from normkernels.ops.common import ALL_FLOATS, BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+from normkernels.ops.layer_normalization import check_outputs, stash_dtype
+
+OP = "RMSNormalization"
+SIMPLIFIED = "SimplifiedLayerNormalization"
+RMS_STASH = {1: FLOAT32, 10: FLOAT16, 11: FLOAT64, 16: BFLOAT16}
+SIMPLIFIED_STASH = {1: FLOAT32, 11: FLOAT64}
+
+
+@dataclass(frozen=True)
+class Version(common.Version):
+    dtypes: tuple = ALL_FLOATS
+
+
+VERSIONS = {23: Version(23, {"axis": -1, "epsilon": 1e-5, "stash_type": 1})}
+
+version_for = common.version_lookup(OP, VERSIONS)
+
+
+def _run(label, X, scale, axis, epsilon, stash, out, engine, path):
+    """Checks shared by both operators, then the normalization: ``(Y, a, var)``."""
+    arrays = {"X": common.as_array("X", X), "scale": common.as_array("scale", scale)}
+    for name, arr in arrays.items():
+        common.check_dtype(label, name, arr, ALL_FLOATS)
+    X, s = arrays["X"], arrays["scale"]
+    a = rows.normalized_axis(label, "axis", axis, X.ndim)
+    rows.check_broadcast(label, "scale", s, X.shape)
+    M, K = rows.rows_shape(X.shape, a)
+    if K == 0 and M > 0:
+        raise ValueError(f"{label}: X of shape {X.shape} has rows of zero elements (axis {a}): "
+                         "their mean square is undefined")
+    if out is not None:
+        rows.check_out(label, out, X, {"scale": s}, dtype=s.dtype)
+    Y, _, var = rows.normalize(X, a, s, None, epsilon, False, engine, path, out,
+                               out_dtype=s.dtype)
+    return Y, a, var
+
+
+def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
+                      out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.rms_normalization`."""
+    version = version_for(opset)
+    label = version.label(OP)
+    attrs = common.resolve_attributes(label, version, {"axis": axis, "epsilon": epsilon,
+                                                       "stash_type": stash_type})
+    eps = common.check_epsilon(label, attrs["epsilon"])
+    stash_dtype(label, attrs["stash_type"], RMS_STASH)  # checked; no output has it
+    return _run(label, X, scale, attrs["axis"], eps, None, out, engine, path)[0]
+
+
+def simplified_layer_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1,
+                                   num_outputs=1, out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.simplified_layer_normalization`."""
+    label = SIMPLIFIED
+    eps = common.check_epsilon(label, epsilon)
+    stash = stash_dtype(label, stash_type, SIMPLIFIED_STASH)
+    n_out = check_outputs(label, num_outputs, 2)
+    Y, a, var = _run(label, X, scale, axis, eps, stash, out, engine, path)
+    if n_out == 1:
+        return Y
+    shape = rows.statistics_shape(Y.shape, a)
+    return Y, rows.inverse_std(var, eps).astype(stash).reshape(shape)

@@ -1,0 +1,168 @@
+"""The row normalizations' shared spec layer: axes, parameter broadcasting, layouts.
+
+A row normalization normalizes each of the ``M = prod(X.shape[:a])`` rows of
+``K = prod(X.shape[a:])`` elements (``a`` the normalized axis) and scales and shifts
+the result by parameters that broadcast to X. The engine
+(:meth:`normkernels.engine.Engine.normalize_rows`) takes 2-D rows and parameters per
+column; :func:`normalize` gets every call there:
+
+* **fused**: parameters that vary only along the normalized axes (the usual case, and
+  the only one the ONNX function bodies and onnxruntime accept) become ``K``-column
+  tables and the kernel writes Y in X's dtype in one pass;
+* **general**: parameters that also vary along the leading axes (legal by the ONNX
+  prose: "unidirectionally broadcastable to X"), or an output dtype other than X's
+  (RMSNormalization with scale of another type): the kernel writes the normalized
+  value in the compute dtype and NumPy applies the parameters with the same
+  roundings (a product, then a sum, in the compute dtype; one rounding to the
+  output dtype), so both give the same bits.
+"""
+
+import math
+
+import numpy as np
+
+from normkernels.kernels.storage import FLOAT64, compute_dtype
+from normkernels.ops import common
+
+
+def normalized_axis(label, name, axis, ndim):
+    """``axis`` as an index in ``[0, ndim)``: an integer in ``[-ndim, ndim)``."""
+    if not common.is_integer(axis):
+        raise TypeError(f"{label}: {name} must be an integer, got {type(axis).__name__} "
+                        f"{axis!r}")
+    if ndim == 0:
+        raise ValueError(f"{label}: X must have at least 1 dimension, got a 0-d array")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{label}: {name} must be in [{-ndim}, {ndim}) for {ndim}-D input, "
+                         f"got {axis}")
+    return int(axis) % ndim
+
+
+def rows_shape(shape, a):
+    """``(M, K)``: the rows and the row length for normalized axes ``a..``."""
+    return math.prod(shape[:a]), math.prod(shape[a:])
+
+
+def statistics_shape(shape, a):
+    """ONNX's shape of per-row statistics: ``shape[:a] + (1,) * (len(shape) - a)``."""
+    return tuple(shape[:a]) + (1,) * (len(shape) - a)
+
+
+def check_broadcast(label, name, p, shape):
+    """``p`` broadcasts unidirectionally to ``shape`` (NumPy's rules, ``p`` never
+    growing the result)."""
+    ok = p.ndim <= len(shape) and all(
+        d == 1 or d == s for d, s in zip(p.shape[::-1], shape[::-1], strict=False))
+    if not ok:
+        raise ValueError(f"{label}: {name} of shape {p.shape} does not broadcast "
+                         f"unidirectionally to X's shape {tuple(shape)}")
+
+
+def column_table(p, shape, a):
+    """``p`` (broadcastable to ``shape``) as ``K`` values per column when it does not
+    vary along the leading axes ``[0, a)`` (a view, possibly with zero strides), else
+    None."""
+    lead = p.ndim - (len(shape) - a)  # how many of p's axes fall on the leading axes
+    if lead > 0:
+        if any(d != 1 for d in p.shape[:lead]):
+            return None
+        p = p.reshape(p.shape[lead:])
+    return np.broadcast_to(p, shape[a:]).reshape(-1)
+
+
+def _rows_view(X, M, K):
+    """``X`` as ``M x K`` rows the kernels can read without a copy (rows contiguous,
+    row stride non-negative), or None."""
+    if X.flags.c_contiguous:
+        return X.reshape(M, K)
+    try:
+        v = X.reshape(M, K, copy=False)
+    except (ValueError, TypeError):  # TypeError: NumPy < 2.1 has no copy=
+        return None
+    if K > 1 and v.strides[1] != v.itemsize:
+        return None
+    if M > 1 and (v.strides[0] < 0 or v.strides[0] % v.itemsize):
+        return None
+    return v
+
+
+def rows_in(X, M, K):
+    """``X`` as ``M x K`` rows for the kernels: a view, or a C-contiguous copy."""
+    v = _rows_view(X, M, K)
+    return v if v is not None else np.ascontiguousarray(X).reshape(M, K)
+
+
+def check_out(label, out, X, params, dtype=None):
+    """``out`` for Y: X's shape and ``dtype`` (X's by default); see common.check_out."""
+    if dtype is not None and dtype != X.dtype:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"{label}: out must be a numpy.ndarray, got {type(out).__name__}")
+        if out.shape != X.shape or out.dtype != dtype:
+            raise ValueError(f"{label}: out must have shape {X.shape} and dtype {dtype}, "
+                             f"got ({out.shape}, {out.dtype})")
+        if not out.flags.writeable:
+            raise ValueError(f"{label}: out is read-only")
+        for name, p in {"X": X, **params}.items():
+            if np.may_share_memory(out, p) and np.shares_memory(out, p):
+                raise ValueError(f"{label}: out shares memory with {name}")
+        return
+    common.check_out(label, out, X, params)
+
+
+def wide_dtype(*dtypes):
+    """The compute dtype that holds every one of ``dtypes`` exactly."""
+    return FLOAT64 if any(compute_dtype(d) == FLOAT64 for d in dtypes) else compute_dtype(
+        dtypes[0])
+
+
+def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, out_dtype=None,
+              skip=None, bias=None, sums=None):
+    """Y of a row normalization of X over axes ``a..``, and float64 per-row ``(mean,
+    var)`` (``var``: the mean square when not ``centered``; mean 0).
+
+    ``scale`` and ``B`` (None: no shift) are checked arrays broadcastable to X;
+    ``out_dtype`` is Y's dtype (X's by default); ``skip`` (``Ms x K`` rows, ``Ms``
+    dividing M), ``bias`` (``K``) and ``sums`` (an ``M x K`` array for ``x + skip +
+    bias``) are onnxruntime's skip add (fused path only: the caller guarantees
+    parameters per column and ``out_dtype`` X's).
+    """
+    shape = X.shape
+    out_dtype = X.dtype if out_dtype is None else out_dtype
+    M, K = rows_shape(shape, a)
+    Y = out if out is not None else np.empty(shape, out_dtype)
+    if X.size == 0:
+        return Y, np.zeros(M), np.zeros(M)
+    s = column_table(scale, shape, a)
+    b = None if B is None else column_table(B, shape, a)
+    if out_dtype == X.dtype and s is not None and (B is None or b is not None):
+        x2 = rows_in(X, M, K)
+        y2 = _rows_view(Y, M, K)
+        target = y2 if y2 is not None else np.empty((M, K), out_dtype)
+        mean, var = engine.normalize_rows(x2, target, s, b, epsilon, centered, skip=skip,
+                                          bias=bias, sums=sums, path=path)
+        if y2 is None:
+            np.copyto(Y, target.reshape(shape))
+        return Y, mean, var
+    # general: the kernel gives the normalized value (with the column parameters when
+    # there are) in the wide compute dtype, NumPy applies the others
+    wide = wide_dtype(X.dtype, out_dtype)
+    x2 = X.reshape(M, K).astype(wide)
+    z = np.empty((M, K), wide)
+    ones = np.ones(K, wide)
+    columns = s is not None and (B is None or b is not None)
+    mean, var = engine.normalize_rows(x2, z, s if columns else ones, b if columns else None,
+                                      epsilon, centered, path=path)
+    z = z.reshape(shape)
+    with np.errstate(all="ignore"):
+        if not columns:
+            z = z * scale.astype(wide)
+            if B is not None:
+                z = z + B.astype(wide)
+    np.copyto(Y, z.astype(out_dtype, copy=False))
+    return Y, mean, var
+
+
+def inverse_std(var, epsilon):
+    """``1 / sqrt(var + epsilon)`` in float64 (the kernels' ``a`` before rounding)."""
+    with np.errstate(all="ignore"):
+        return 1.0 / np.sqrt(var + epsilon)
