@@ -92,15 +92,11 @@ class NumPyEngine(Engine):
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
         M, K = x.shape
-        cd = compute_dtype(x.dtype)
+        if skip is not None:
+            x = skip_sums(x, skip, bias)
+            if sums is not None:
+                sums[...] = x
         with np.errstate(all="ignore"):
-            if skip is not None:
-                total = (x.astype(cd).reshape(-1, *skip.shape) + skip.astype(cd)).reshape(M, K)
-                if bias is not None:
-                    total = total + bias.astype(cd)
-                x = total.astype(x.dtype)
-                if sums is not None:
-                    sums[...] = x
             wide = x.astype(np.float64)
             if centered:
                 mean = wide.mean(axis=1)
@@ -131,6 +127,17 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE):
         shape = (N, 1, C)
         result = (xv - m.reshape(shape)) * a.reshape(shape) + b.reshape(shape)
         y.reshape(N, R, C)[...] = result.astype(y.dtype)
+
+
+def skip_sums(x, skip, bias):
+    """onnxruntime's skip add: ``(x + skip) + bias`` per row (skip rows repeating over
+    x's rows) in the compute dtype, rounded once to x's dtype."""
+    cd = compute_dtype(x.dtype)
+    with np.errstate(all="ignore"):
+        total = (x.astype(cd).reshape(-1, *skip.shape) + skip.astype(cd)).reshape(x.shape)
+        if bias is not None:
+            total = total + bias.astype(cd)
+        return total.astype(x.dtype)
 
 
 def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var):

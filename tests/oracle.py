@@ -274,3 +274,41 @@ def round_to_nearest_even(values, dtype):
     lsb = (mantissa >> 13) & 1
     rounded = (exponent.astype(np.uint64) << 10) + ((mantissa + 0xFFF + lsb) >> 13)
     return (sign | rounded).astype(np.uint16)
+
+
+def row_norm(X, scale, B, epsilon, axis=-1, centered=True):
+    """ONNX LayerNormalization (``centered``) / RMSNormalization in float64, written
+    from the operator documents: per row (the axes ``axis..``) ``(x - mean) /
+    sqrt(var + epsilon) * scale + B`` with the population variance, or ``x /
+    sqrt(mean(x**2) + epsilon) * scale`` (+ B). ``scale`` and ``B`` (None: none)
+    broadcast to X. Returns ``(Y, mean, var)``, the statistics with keepdims (mean 0
+    and var the mean square when not centred)."""
+    x = _f64(X)
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if centered:
+            mean = x.mean(axis=axes, keepdims=True)
+            dev = x - mean
+            var = (dev * dev).mean(axis=axes, keepdims=True) - dev.mean(axis=axes,
+                                                                       keepdims=True) ** 2
+        else:
+            mean = np.zeros(x.shape[:axis % x.ndim] + (1,) * len(axes))
+            var = (x * x).mean(axis=axes, keepdims=True)
+        y = (x - mean) / np.sqrt(var + epsilon) * _f64(scale)
+        if B is not None:
+            y = y + _f64(B)
+    return y, mean, var
+
+
+def row_tolerance(X, scale, B, mean, var, epsilon, out_dtype, centered=True):
+    """Allowed |Y - oracle| for a row normalization: :func:`tolerance` with per-row
+    statistics (keepdims) computed by the kernel from X, per-element parameters (the
+    row kernel rounds ``1 / sqrt(var + eps)`` once and multiplies by the scale: the
+    same count of roundings as the folded ``a``), the mean's residual when the compute
+    dtype is float32, and half an ulp of a 16-bit output."""
+    shape = np.shape(X)
+    s = np.broadcast_to(_f64(scale), shape)
+    b = np.broadcast_to(_f64(B) if B is not None else np.zeros(1), shape)
+    return tolerance(X, s, b, mean, var, epsilon, "NCX", out_dtype,
+                     mean_rounded=centered and compute_dtype(out_dtype) != F64,
+                     statistics_of=X.dtype)

@@ -22,9 +22,13 @@ from oracle import (
     assert_close,
     batch_norm,
     batch_statistics,
+    compute_dtype,
+    gamma,
     instance_norm,
     instance_tolerance,
     rounded_statistic_tolerance,
+    row_norm,
+    row_tolerance,
     statistics_tolerance,
     tolerance,
     training_tolerance,
@@ -36,23 +40,31 @@ from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
+from normkernels.kernels import rows as rows_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
 from normkernels.kernels import statistics as statistics_kernels
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import common, plans
 from normkernels.ops import instance_normalization as in_spec
+from normkernels.ops import layer_normalization as ln_spec
 from normkernels.ops import moments as moments_spec
+from normkernels.ops import rms_normalization as rms_spec
+from normkernels.ops import skip_layer_normalization as skip_spec
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-3
 KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
-                  "instance": instance_kernels, "inference": inference_kernels}
+                  "instance": instance_kernels, "inference": inference_kernels,
+                  "rows": rows_kernels}
 
 
 @dataclass(frozen=True)
 class Case:
-    op: str  # bn | onednn | training | instance | moments | normalize | bn-planned
+    # bn | onednn | training | instance | moments | normalize | bn-planned, and the row
+    # normalizations layer | rms | skip (ncx_shape is then X's shape, normalized from
+    # axis -2 for 3-D X, else the last axis)
+    op: str
     ncx_shape: tuple
     data_format: str
     routes: frozenset  # routes the case must take
@@ -171,15 +183,66 @@ CASES = {
                                             forked=True, patch=PER_SAMPLE),
 }
 
-DTYPES = {"bn": FLOATS, "training": FLOATS, "moments": FLOATS, "instance": FLOATS,
+# row normalizations: rows of 100 (statistics in chunks of the blocked reductions), of
+# 7 (the short-row statistics), one row (the split path, 2 chunks), a strided view
+ROWS = (6, 5, 100)
+SPLIT = {"SPLIT_ROWS_PER_THREAD": 1 << 20}  # every row count splits
+CASES.update({
+    **{f"layer-fused-{p}": case("layer", ROWS, "NCX", [f"rows/fused/{p}"], path=p)
+       for p in PATHS},
+    "layer-short-rows": case("layer", (40, 7), "NCX", ["rows/fused/parallel"], path="parallel"),
+    "layer-split-parallel": case("layer", (1, 70001), "NCX", ["rows/split/parallel"],
+                                 path="parallel"),
+    "layer-split-streaming": case("layer", (3, 2, 50), "NCX", ["rows/split/streaming"],
+                                  path="streaming", patch=SPLIT),
+    "layer-forked": case("layer", ROWS, "NCX", ["one-thread", "rows/fused/serial"],
+                         path="parallel", forked=True),
+    "rms-fused-streaming": case("rms", ROWS, "NCX", ["rows/fused/streaming"], path="streaming"),
+    "rms-split-parallel": case("rms", (1, 70001), "NCX", ["rows/split/parallel"],
+                               path="parallel"),
+    "skip-fused-parallel": case("skip", ROWS, "NCX", ["rows/fused/parallel"], path="parallel"),
+    "skip-fused-serial": case("skip", (40, 7), "NCX", ["rows/fused/serial"], path="serial"),
+    "skip-split-parallel": case("skip", (2, 3, 100), "NCX", ["rows/split/parallel"],
+                                path="parallel", patch=SPLIT),
+})
+ROW_OPS = ("layer", "rms", "skip")
+
+DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "bn": FLOATS, "training": FLOATS, "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
 
+def row_axis(shape):
+    return len(shape) - 2 if len(shape) == 3 else len(shape) - 1
+
+
+def row_data(rng, case, dtype):
+    """X whose every row has its own mean and spread (a strided view for 3-D shapes),
+    and per-column parameters (scale of both signs, B; for skip: skip and bias)."""
+    shape = case.ncx_shape
+    a = row_axis(shape)
+    lead = shape[:a] + (1,) * (len(shape) - a)
+    X = rng.standard_normal(shape) * rng.uniform(0.5, 2, lead) + rng.uniform(-3, 3, lead)
+    if len(shape) == 3:  # every other row of a larger array
+        big = np.empty((shape[0], 2 * shape[1], shape[2]), dtype)
+        big[:, ::2] = X
+        X = big[:, ::2]
+    else:
+        X = X.astype(dtype)
+    cols = shape[a:]
+    params = [rng.uniform(0.5, 2, cols) * rng.choice([-1, 1], cols), rng.standard_normal(cols)]
+    if case.op == "skip":
+        params = [rng.standard_normal(shape[-1:]) * 0.5, rng.standard_normal(shape) * 0.5,
+                  rng.uniform(0.5, 2, shape[-1:]), rng.standard_normal(shape[-1:])]
+    return X, params
+
+
 def data(rng, case, dtype):
     """X whose every (n, c) has its own mean and spread, and per-channel parameters
     (scale of both signs, B, mean, var) all different."""
+    if case.op in ROW_OPS:
+        return row_data(rng, case, dtype)
     shape = to_layout(case.ncx_shape, case.data_format)
     N = shape[0]
     C = 1 if len(shape) == 1 else case.ncx_shape[1]
@@ -201,6 +264,18 @@ def run(case, X, params, dtype, engine=ENGINE):
     """The case's operator through its spec layer with ``engine`` (the Numba kernels
     by default)."""
     kw = dict(data_format=case.data_format, engine=engine, path=case.path)
+    if case.op in ROW_OPS:
+        p = [v.astype(dtype) for v in params]
+        kw = dict(engine=engine, path=case.path)
+        if case.op == "layer":
+            return ln_spec.layer_normalization(X, *p, axis=row_axis(X.shape), epsilon=EPS,
+                                               num_outputs=3, **kw), p
+        if case.op == "rms":
+            return rms_spec.rms_normalization(X, p[0], axis=row_axis(X.shape), epsilon=EPS,
+                                              **kw), p[:1]
+        bias, skip, gamma, beta = p
+        return skip_spec.skip_layer_normalization(X, skip, gamma, beta, bias, epsilon=EPS,
+                                                  num_outputs=4, **kw), p
     if case.op == "bn":
         p = [v.astype(dtype) for v in params]
         return bn_spec.batch_normalization(X, *p, epsilon=EPS, **kw), p
@@ -228,9 +303,44 @@ def run(case, X, params, dtype, engine=ENGINE):
     return moments_spec.partial_statistics(X, case.data_format, engine, path=case.path), []
 
 
+def check_rows_with_oracle(case, X, params, result):
+    a = row_axis(X.shape)
+    if case.op == "rms":
+        y, mean, var = row_norm(X, params[0], None, EPS, a, centered=False)
+        assert_close(result, y, row_tolerance(X, params[0], None, mean, var, EPS, X.dtype,
+                                              centered=False))
+        return
+    if case.op == "skip":
+        bias, skip, weight, beta = params
+        Y, mean_out, inv_out, sums = result
+        terms = [v.astype(np.float64) for v in (X, skip, bias)]
+        exact_sums = (terms[0] + terms[1]) + terms[2]
+        # two roundings in the compute dtype (of terms that may cancel), one to X's dtype
+        arithmetic = gamma(2, compute_dtype(X.dtype)) * sum(np.abs(t) for t in terms)
+        assert_close(sums, exact_sums, rounded_statistic_tolerance(exact_sums, X.dtype,
+                                                                   arithmetic),
+                     "input_skip_bias_sum")
+        X, scale, B = sums, weight, beta  # the normalization is of the rounded sums
+        a = X.ndim - 1  # over the last axis
+    else:
+        Y, mean_out, inv_out = result
+        scale, B = params
+    y, mean, var = row_norm(X, scale, B, EPS, a)
+    assert_close(Y, y, row_tolerance(X, scale, B, mean, var, EPS, X.dtype))
+    d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
+    assert_close(mean_out, mean, rounded_statistic_tolerance(mean, mean_out.dtype, d_mean),
+                 "Mean")
+    inv = 1 / np.sqrt(var + EPS)
+    assert_close(inv_out, inv, rounded_statistic_tolerance(inv, inv_out.dtype,
+                                                           inv * d_var / (var + EPS)),
+                 "InvStdDev")
+
+
 def check_with_oracle(case, X, params, result):
     fmt = case.data_format
-    if case.op in ("bn", "onednn", "normalize", "bn-planned"):
+    if case.op in ROW_OPS:
+        check_rows_with_oracle(case, X, params, result)
+    elif case.op in ("bn", "onednn", "normalize", "bn-planned"):
         assert_close(result, batch_norm(X, *params, EPS, fmt),
                      tolerance(X, *params, EPS, fmt, X.dtype))
     elif case.op == "training":
@@ -382,6 +492,16 @@ class KernelStatisticsTwin:
         mean, m2 = ENGINE.instance_rows(x, np.empty_like(y), N, C, scale, B, epsilon, path)
         reference.normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2)
         return mean, m2
+
+    def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
+                       sums=None, path=None):
+        mean, var = ENGINE.normalize_rows(x, np.empty_like(y), scale, B, epsilon, centered,
+                                          skip, bias, None, path)
+        src = x if skip is None else reference.skip_sums(x, skip, bias)
+        if sums is not None:
+            sums[...] = src
+        reference.normalize_rows_from(src, y, scale, B, epsilon, centered, mean, var)
+        return mean, var
 
 
 @pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
