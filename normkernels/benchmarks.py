@@ -46,7 +46,8 @@ class Workload:
 
     @property
     def channels(self):
-        return self.shape[1] if len(self.shape) > 1 else 1
+        """Parameters per vector: C, or the row length of a row normalization."""
+        return self.operator.columns(self.shape)
 
     @property
     def channel_axis(self):
@@ -101,8 +102,9 @@ def custom_workload(op="batchnorm", mode="inference", shape=(32, 64, 112, 112),
                          f"{', '.join(OPERATORS[op].modes)})")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"--layout must be NCX or NXC, got {layout!r}")
+    if layout not in OPERATORS[op].layouts:
+        raise ValueError(f"--layout must be one of {', '.join(OPERATORS[op].layouts)} for "
+                         f"--op {op}, got {layout!r}")
     shape = tuple(int(v) for v in shape)
     name = f"{op}-{mode}-{'x'.join(map(str, shape))}-{dtype}-{layout}".lower()
     return Workload(name, op, shape, dtype, layout, mode)
@@ -113,7 +115,7 @@ def make_inputs(workload, seed=0):
     rng = np.random.default_rng(seed)
     dtype = DTYPES[workload.dtype]
     X = rng.standard_normal(workload.layout_shape, dtype=np.float32).astype(dtype)
-    return X, workload.operator.params(rng, workload.channels, dtype)
+    return X, workload.operator.params(rng, workload.channels, dtype, workload.layout_shape)
 
 
 def normkernels_call(workload, X, params, out, mode=None):

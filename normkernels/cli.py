@@ -297,7 +297,7 @@ def warmup_calls():
                     shape = (shape[0] * threads, *shape[1:])
                 ncx = np.zeros(shape, dtype)
                 X = np.moveaxis(ncx, 1, -1).copy() if case.data_format == "NXC" else ncx
-                params = op.params(rng, shape[1], dtype)
+                params = op.params(rng, op.columns(shape), dtype, shape)
                 for path in case.paths:
                     calls.append((name, op, case, path, functools.partial(
                         op.call, X, params, case.mode, case.data_format, None, None, path)))

@@ -49,7 +49,8 @@ def evaluator_timing(model_name="resnet50", repeat=3):
     ours = []
     for cls in nko.reference_ops():
         ours.append(type(cls.__name__, (cls,), {"_run": timed(cls, "normkernels")}))
-    bindings = [op.onnx for op in OPERATORS.values() if op.onnx and op.onnx.implements]
+    bindings = [op.onnx for op in OPERATORS.values()
+                if op.onnx and op.onnx.implements and op.onnx.reference_module]
     modules = [importlib.import_module(f"onnx.reference.ops.{b.reference_module}")
                for b in bindings]
     reference_classes = [c for m in modules for c in vars(m).values()

@@ -1,5 +1,7 @@
-"""ONNX integration: run BatchNormalization and InstanceNormalization nodes, and plug
-into ``onnx.reference.ReferenceEvaluator``.
+"""ONNX integration: run the normalization nodes normkernels implements (BatchNormalization,
+InstanceNormalization, LayerNormalization, RMSNormalization, and onnxruntime's
+SimplifiedLayerNormalization, SkipLayerNormalization and SkipSimplifiedLayerNormalization
+of the com.microsoft domain), and plug into ``onnx.reference.ReferenceEvaluator``.
 
 Needs the ``onnx`` package (``pip install normkernels[onnx]``), imported only when a
 function here runs.
@@ -28,10 +30,10 @@ import numpy as np
 from normkernels import api
 from normkernels.operators import onnx_implemented
 
-_OPERATORS = onnx_implemented()  # op_type -> record of normkernels.operators
-SUPPORTED = tuple(_OPERATORS)
+_OPERATORS = onnx_implemented()  # (domain, op_type) -> record of normkernels.operators
+SUPPORTED = tuple(op_type for _, op_type in _OPERATORS)
 _DOMAINS = ("", "ai.onnx")
-LATEST_OPSET = {op_type: op.onnx.latest for op_type, op in _OPERATORS.items()}
+LATEST_OPSET = {op_type: op.onnx.latest for (_, op_type), op in _OPERATORS.items()}
 
 
 def _attributes(node):
@@ -40,14 +42,20 @@ def _attributes(node):
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def _record(node):
+    """The operator record of a node (NotImplementedError for anything else)."""
+    domain = "" if node.domain in _DOMAINS else node.domain
+    op = _OPERATORS.get((domain, node.op_type))
+    if op is None:
+        listed = ", ".join(f"{d}::{t}" if d else t for d, t in _OPERATORS)
+        raise NotImplementedError(f"normkernels.onnx: operator {node.op_type!r} of domain "
+                                  f"{node.domain!r} (node {node.name or node.op_type!r}) is "
+                                  f"not supported (supported: {listed})")
+    return op
+
+
 def _check_node(node):
-    if node.domain not in _DOMAINS:
-        raise NotImplementedError(f"normkernels.onnx: domain {node.domain!r} of node "
-                                  f"{node.name or node.op_type!r} is not supported (only the "
-                                  "default ONNX domain)")
-    if node.op_type not in SUPPORTED:
-        raise NotImplementedError(f"normkernels.onnx: operator {node.op_type!r} is not "
-                                  f"supported (supported: {', '.join(SUPPORTED)})")
+    _record(node)
 
 
 def _requested(node):
@@ -60,7 +68,7 @@ def _requested(node):
 
 
 def run_node(node, inputs, opset=None):
-    """Run one BatchNormalization or InstanceNormalization node.
+    """Run one node of an operator of :data:`SUPPORTED`.
 
     Parameters
     ----------
@@ -77,21 +85,29 @@ def run_node(node, inputs, opset=None):
         One entry per output the node declares: an ndarray, or None where the output
         name is empty (an optional output that is not wanted).
     """
-    _check_node(node)
+    op = _record(node)
+    binding = op.onnx
     if opset is None:
-        opset = LATEST_OPSET[node.op_type]
+        opset = binding.latest
     attrs = _attributes(node)
     inputs = list(inputs)
     wanted = [bool(name) for name in node.output]
-    op = _OPERATORS[node.op_type]
-    names = op.onnx.inputs
-    if len(inputs) != len(names):
-        raise ValueError(f"{node.op_type}: expected {len(names)} inputs ({', '.join(names)}), "
+    names = binding.inputs
+    required = len(names) if binding.required is None else binding.required
+    if not required <= len(inputs) <= len(names):
+        count = (f"{len(names)}" if required == len(names) else f"{required} to {len(names)}")
+        raise ValueError(f"{node.op_type}: expected {count} inputs ({', '.join(names)}), "
                          f"got {len(inputs)}")
-    spec = importlib.import_module(f"normkernels.ops.{op.spec}")
-    if spec.version_for(opset).counts_outputs:  # opsets 1-9: the node's outputs count
+    if any(v is None for v in inputs[:required]):
+        raise ValueError(f"{node.op_type}: inputs {', '.join(names[:required])} are required")
+    if binding.counts_outputs:  # the node's outputs say how many to compute
         attrs = dict(attrs, num_outputs=max(1, _requested(node)))
-    result = getattr(api, op.function)(*inputs, opset=opset, **attrs)
+    if binding.versioned:
+        spec = importlib.import_module(f"normkernels.ops.{op.spec}")
+        if spec.version_for(opset).counts_outputs:  # opsets 1-9: the node's outputs count
+            attrs = dict(attrs, num_outputs=max(1, _requested(node)))
+        attrs["opset"] = opset
+    result = getattr(api, op.function)(*inputs, **attrs)
     results = list(result) if isinstance(result, tuple) else [result]
     if len(results) < len(wanted):
         raise ValueError(f"{node.op_type}-{opset}: the node declares {len(wanted)} outputs, "
@@ -134,7 +150,7 @@ def _model_opset(op):
 
 @functools.cache
 def reference_ops():
-    """OpRun classes (one per ONNX operator of :data:`SUPPORTED`) for
+    """OpRun classes (one per operator of :data:`SUPPORTED`) for
     ``onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())``. They run
     each node with :func:`run_node` at the model's opset."""
     from onnx.reference.op_run import OpRun
@@ -143,8 +159,12 @@ def reference_ops():
         # attributes come from the node and the schema of the model's opset, not from
         # the evaluator's defaults (those of the latest schema)
         _check_node(self.onnx_node)
-        results = run_node(self.onnx_node, inputs, _model_opset(self))
+        given = list(inputs)
+        while given and given[-1] is None:  # optional inputs left out at the end
+            given.pop()
+        results = run_node(self.onnx_node, given, _model_opset(self))
         return tuple(np.empty(0, inputs[0].dtype) if r is None else r for r in results)
 
-    namespace = {"op_domain": "", "_run": _run, "__module__": __name__}
-    return [type(op_type, (OpRun,), dict(namespace)) for op_type in SUPPORTED]
+    return [type(op_type, (OpRun,), {"op_domain": domain, "_run": _run,
+                                     "__module__": __name__})
+            for domain, op_type in _OPERATORS]

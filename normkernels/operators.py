@@ -33,10 +33,18 @@ class Onnx:
     reference_module: str  # onnx.reference.ops module holding the ONNX reference's op
     implements: bool = True  # False: only the bench's peers use it (an equivalent)
     domain: str = ""
+    required: int = None  # inputs the node must have (None: all); the rest are optional
+    versioned: bool = True  # the function takes ``opset`` (ONNX's operators, not contrib)
+    counts_outputs: bool = False  # the node's output count is the function's num_outputs
 
     @property
     def latest(self):
         return self.versions[-1]
+
+    @property
+    def model_opset(self):
+        """The default-domain opset of a one-node model holding this operator."""
+        return self.latest if self.versioned and not self.domain else 17
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,11 @@ class WarmupCase:
 
 @dataclass(frozen=True)
 class Operator:
+    """One public operator. ``family`` says what its workloads are: "channel" (NCX or
+    NXC tensors, parameters per channel), or a row normalization, "layer" (centred) or
+    "rms", over X's last axis with parameters per column (``skip``: onnxruntime's skip
+    add first; its first parameter is then ``skip``, of X's shape)."""
+
     name: str  # the bench's and the CLI's key
     title: str
     function: str  # the public function in normkernels
@@ -61,6 +74,9 @@ class Operator:
     modes: tuple = ("inference",)
     dtypes: tuple = ("float16", "bfloat16", "float32", "float64")  # of X (latest opset)
     n_params: int = 4  # per-channel parameters (scale, B, mean, var order)
+    family: str = "channel"
+    skip: bool = False
+    param_dtype: str = None  # parameters' dtype when not X's (float32, or bf16 for bf16 X)
     reads_only: bool = False  # no Y: the roofline is a read, not a copy
     onnx: Onnx = None
     torch: str = None  # torch.nn.functional function, or None
@@ -68,17 +84,39 @@ class Operator:
     over_inference: tuple = ()  # modes the bench also times against BN inference
     warmup: tuple = ()
 
-    def params(self, rng, C, dtype):
-        """The per-channel parameters of a workload: float32 (bfloat16 for the oneDNN
-        op on bfloat16 X), X's dtype for operators whose parameters share X's type."""
-        pdt = dtype if self.name == "instancenorm" else FLOAT32
-        if self.name == "batchnorm-inference" and dtype == BFLOAT16:
-            pdt = BFLOAT16
+    @property
+    def rows(self):
+        return self.family != "channel"
+
+    @property
+    def layouts(self):
+        """The layouts its workloads come in (row normalizations: rows, named "NCX")."""
+        return ("NCX",) if self.rows else ("NCX", "NXC")
+
+    def columns(self, shape):
+        """How many parameters per parameter vector: C (the channels; ``shape`` in NCX
+        order) or the row length."""
+        if self.rows:
+            return shape[-1]
+        return shape[1] if len(shape) > 1 else 1
+
+    def params(self, rng, C, dtype, shape=None):
+        """The parameters of a workload (``C``: :meth:`columns`; ``shape``: X's, for a
+        skip input): float32 (bfloat16 for oneDNN ops on bfloat16 X), X's dtype for
+        operators whose parameters share X's type."""
+        pdt = FLOAT32 if self.param_dtype == "float32" else dtype
+        if self.name == "batchnorm-inference" or (self.param_dtype and dtype == BFLOAT16):
+            pdt = BFLOAT16 if dtype == BFLOAT16 else FLOAT32
         values = (rng.uniform(0.5, 2.0, C), rng.standard_normal(C), rng.standard_normal(C),
                   rng.uniform(0.5, 2.0, C))
-        return tuple(v.astype(pdt) for v in values[:self.n_params])
+        params = tuple(v.astype(pdt) for v in values[:self.n_params])
+        if self.skip:
+            params = (rng.standard_normal(shape).astype(dtype), *params)
+        return params
 
     def kwargs(self, mode, data_format):
+        if self.rows:
+            return dict(self.mode_kwargs.get(mode, {}))
         return {**self.mode_kwargs.get(mode, {}), "data_format": data_format}
 
     def bound(self, X, params, mode="inference", data_format="NCX", out=None):
@@ -110,7 +148,10 @@ class Operator:
 
     def formula(self, X, params, mode, axis, dtype):
         """What a NumPy user would write, in ``dtype``: Y (mean and variance for
-        moments); parameters broadcast along the channel ``axis``."""
+        moments); parameters broadcast along the channel ``axis`` (row
+        normalizations: over the last axis, parameters per column)."""
+        if self.rows:
+            return self._row_formula(X, params, dtype)
         reduced = tuple(i for i in range(X.ndim) if i != axis)
         shape = [1] * X.ndim
         shape[axis] = -1
@@ -128,9 +169,23 @@ class Operator:
             mean, var = p[2], p[3]
         return (x - mean) / np.sqrt(var + eps) * p[0] + p[1]
 
+    def _row_formula(self, X, params, dtype):
+        x = X if dtype == X.dtype else X.astype(dtype)
+        p = [v.astype(dtype) for v in params]
+        eps = dtype.type(EPSILON)
+        if self.skip:  # input + skip (+ bias, the last parameter)
+            x = x + p[0] + p[-1]
+            p = p[1:-1]
+        if self.family == "rms":
+            return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * p[0]
+        mean = x.mean(axis=-1, keepdims=True)
+        y = (x - mean) / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * p[0]
+        return y + p[1] if len(p) > 1 else y
+
     def coldstart_call(self, mode):
         """Source of a first call, for ``normkernels coldstart`` (X, p defined)."""
-        args = ", ".join(["X", *["p"] * self.n_params])
+        p = "np.ones(X.shape[-1], 'float32')" if self.rows else "p"  # per column
+        args = ", ".join(["X", *["X"] * self.skip, *[p] * self.n_params])
         kwargs = dict(self.mode_kwargs.get(mode, {}))
         if self.name == "batchnorm-inference":
             kwargs["data_format"] = "NCX"
@@ -142,6 +197,12 @@ _SCALE_SHIFT_WARMUP = (WarmupCase("planes", (2, 3, 64)), WarmupCase("periodic", 
 _STATISTICS_WARMUP = (
     WarmupCase("statistics: planes", (2, 3, 1024), "NCX", "training", ("serial", "parallel")),
     WarmupCase("statistics: rows", (2, 3, 4, 4), "NXC", "training", ("serial", "parallel")))
+
+_ROWS_EPSILON = {"inference": {"epsilon": EPSILON}}
+# every row kernel: fused rows on each path, and the split path (one long row) of both
+# statistics (the other row operators run these same kernels)
+_ROWS_WARMUP = (WarmupCase("rows", (64, 100)),
+                WarmupCase("split rows", (1, 70001), paths=("parallel", "streaming")))
 
 OPERATORS = {op.name: op for op in [
     Operator("batchnorm", "ONNX BatchNormalization", "batch_normalization",
@@ -173,6 +234,49 @@ OPERATORS = {op.name: op for op in [
                      WarmupCase("rows", (2, 4, 4, 3), "NXC", paths=("serial", "parallel")))),
     Operator("moments", "Per-channel moments", "moments", "moments", n_params=0,
              reads_only=True),  # its kernels are warmed by batchnorm training
+    Operator("layernorm", "ONNX LayerNormalization", "layer_normalization",
+             "layer_normalization", n_params=2, family="layer",
+             onnx=Onnx("LayerNormalization", (17,), ("X", "Scale", "B"),
+                       "op_layer_normalization", required=2, counts_outputs=True),
+             torch="layer_norm", mode_kwargs=_ROWS_EPSILON, warmup=_ROWS_WARMUP),
+    Operator("rmsnorm", "ONNX RMSNormalization", "rms_normalization", "rms_normalization",
+             n_params=1, family="rms",
+             onnx=Onnx("RMSNormalization", (23,), ("X", "scale"), "op_rms_normalization"),
+             torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
+             warmup=(WarmupCase("split rows", (1, 70001), paths=("parallel",)),)),
+    Operator("simplified-layernorm", "onnxruntime SimplifiedLayerNormalization",
+             "simplified_layer_normalization", "rms_normalization", n_params=1, family="rms",
+             onnx=Onnx("SimplifiedLayerNormalization", (1,), ("X", "scale"), None,
+                       versioned=False, counts_outputs=True),
+             torch="rms_norm", mode_kwargs=_ROWS_EPSILON),
+    Operator("skip-layernorm", "onnxruntime SkipLayerNormalization (com.microsoft)",
+             "skip_layer_normalization", "skip_layer_normalization", n_params=3,
+             family="layer", skip=True,
+             onnx=Onnx("SkipLayerNormalization", (1,), ("input", "skip", "gamma", "beta",
+                       "bias"), None, domain="com.microsoft", required=3, versioned=False,
+                       counts_outputs=True),
+             torch="layer_norm", mode_kwargs=_ROWS_EPSILON),
+    Operator("skip-simplified-layernorm",
+             "onnxruntime SkipSimplifiedLayerNormalization (com.microsoft)",
+             "skip_simplified_layer_normalization", "skip_layer_normalization", n_params=2,
+             family="rms", skip=True,
+             onnx=Onnx("SkipSimplifiedLayerNormalization", (1,), ("input", "skip", "gamma",
+                       "bias"), None, domain="com.microsoft", required=3, versioned=False,
+                       counts_outputs=True),
+             torch="rms_norm", mode_kwargs=_ROWS_EPSILON),
+    Operator("layernorm-onednn", "oneDNN Graph LayerNorm-1", "layer_norm", "layer_norm",
+             n_params=2, family="layer", dtypes=("float16", "bfloat16", "float32"),
+             param_dtype="float32",
+             onnx=Onnx("LayerNormalization", (17,), ("X", "Scale", "B"),
+                       "op_layer_normalization", implements=False),
+             torch="layer_norm",
+             mode_kwargs={"inference": {"epsilon": EPSILON, "keep_stats": False}}),
+    Operator("rmsnorm-onednn", "oneDNN Graph RMSNorm-1", "rms_norm", "layer_norm",
+             n_params=1, family="rms", dtypes=("float16", "bfloat16", "float32"),
+             param_dtype="float32",
+             onnx=Onnx("RMSNormalization", (23,), ("X", "scale"), "op_rms_normalization",
+                       implements=False),
+             torch="rms_norm", mode_kwargs=_ROWS_EPSILON),
 ]}
 
 
@@ -185,6 +289,6 @@ def operator(name):
 
 
 def onnx_implemented():
-    """op_type -> record, for the ONNX operators normkernels runs."""
-    return {op.onnx.op_type: op for op in OPERATORS.values()
+    """(domain, op_type) -> record, for the ONNX operators normkernels runs."""
+    return {(op.onnx.domain, op.onnx.op_type): op for op in OPERATORS.values()
             if op.onnx is not None and op.onnx.implements}

@@ -77,14 +77,18 @@ def _onnx_model(workload, X, params):
     training = workload.mode == "training"
     outputs = ["Y", "running_mean", "running_var"] if training else ["Y"]
     attributes = workload.operator.kwargs(workload.mode, "NCX")
-    attributes.pop("data_format")
-    node = helper.make_node(binding.op_type, list(inputs), outputs, **attributes)
-    opset = binding.latest
-    out_info = [tensor("Y", x)] + [tensor(n, params[2]) for n in outputs[1:]]
+    attributes.pop("data_format", None)
+    attributes.pop("keep_stats", None)  # oneDNN's, not the ONNX equivalent's
+    node = helper.make_node(binding.op_type, list(inputs), outputs, domain=binding.domain,
+                            **attributes)
+    y_type = params[0] if workload.op == "rmsnorm" else x  # RMSNormalization: Y is scale's V
+    out_info = [tensor("Y", y_type)] + [tensor(n, params[2]) for n in outputs[1:]]
     graph = helper.make_graph([node], workload.name, [tensor(n, a) for n, a in inputs.items()],
                               out_info)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              ir_version=10)
+    imports = [helper.make_opsetid("", binding.model_opset)]
+    if binding.domain:
+        imports.append(helper.make_opsetid(binding.domain, binding.latest))
+    model = helper.make_model(graph, opset_imports=imports, ir_version=10)
     return model, inputs
 
 
@@ -92,7 +96,10 @@ def onnx_reference_peer(workload, X, params, threads):
     model, inputs = _onnx_model(workload, X, params)
     from onnx.reference import ReferenceEvaluator
 
-    evaluator = ReferenceEvaluator(model)
+    try:
+        evaluator = ReferenceEvaluator(model)
+    except Exception as exc:  # an operator it has no implementation of (com.microsoft)
+        raise Unavailable(_reason("onnx-ref", exc)) from None
     return lambda: _back(workload, evaluator.run(["Y"], inputs)[0])
 
 
@@ -140,7 +147,9 @@ def torch_peer(workload, X, params, threads):
     if workload.data_format == "NXC" and X.ndim > 2:
         x = x.movedim(-1, 1)  # NCHW logically, channels_last in memory: no copy
     p = [_to_torch(torch, np.asarray(v)) for v in params]
-    if op.torch == "instance_norm":
+    if op.rows:
+        run = _torch_rows(torch, F, op, x, p)
+    elif op.torch == "instance_norm":
         def run():
             with torch.no_grad():
                 y = F.instance_norm(x, weight=p[0], bias=p[1], eps=EPSILON)
@@ -167,6 +176,25 @@ def torch_peer(workload, X, params, threads):
     except Exception as exc:
         raise Unavailable(_reason("torch", exc)) from None
     return call
+
+
+def _torch_rows(torch, F, op, x, p):
+    """F.layer_norm / F.rms_norm over the last axis (eps always given: F.rms_norm's
+    default is the dtype's machine epsilon); a skip add first, as a torch user writes."""
+    if any(v.dtype != x.dtype for v in p[op.skip:]):
+        p = p[:op.skip] + [v.to(x.dtype) for v in p[op.skip:]]  # torch: one dtype
+    shape = (x.shape[-1],)
+
+    def run():
+        with torch.no_grad():
+            v, q = x, p
+            if op.skip:
+                v = v + q[0] + q[-1]
+                q = q[1:-1]
+            if op.family == "rms":
+                return F.rms_norm(v, shape, q[0], eps=EPSILON)
+            return F.layer_norm(v, shape, q[0], q[1] if len(q) > 1 else None, eps=EPSILON)
+    return run
 
 
 def openvino_peer(workload, X, params, threads):

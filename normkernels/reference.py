@@ -91,7 +91,7 @@ class NumPyEngine(Engine):
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
-        M, K = x.shape
+        M = x.shape[0]
         if skip is not None:
             x = skip_sums(x, skip, bias)
             if sums is not None:

@@ -103,7 +103,7 @@ def test_bench_custom_workload_with_every_output(tmp_path, capsys):
 
 
 PEER_CASES = [(op.name, mode, layout, dtype) for op in OPERATORS.values()
-              for mode in op.modes for layout in benchmarks.LAYOUTS
+              for mode in op.modes for layout in op.layouts
               for dtype in ("float32", "bfloat16" if layout == "NXC" else "float16")
               if dtype in op.dtypes and (mode != "training" or dtype == "float32")]
 # (training in 16 bits: the ONNX reference's statistics are 16-bit sums, far off)

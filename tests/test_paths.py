@@ -207,7 +207,8 @@ CASES.update({
 })
 ROW_OPS = ("layer", "rms", "skip")
 
-DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "bn": FLOATS, "training": FLOATS, "moments": FLOATS, "instance": FLOATS,
+DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "bn": FLOATS, "training": FLOATS,
+          "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]

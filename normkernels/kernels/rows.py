@@ -40,7 +40,6 @@ import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
-from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import item_bytes, load, store
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
