@@ -167,12 +167,10 @@ class NumbaEngine(Engine):
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
         M, K = x.shape
-        cd = compute_dtype(x.dtype)
         (xs, xr), (ys, yr) = _flat_rows(x), _flat_rows(y)
-        s = np.ascontiguousarray(scale, dtype=cd)
-        b = np.full(K, -0.0, cd) if B is None else np.ascontiguousarray(B, dtype=cd)
+        s = _column(scale)
+        b = s[:0] if B is None else _column(B)  # empty: none
         mean, var = np.empty(M), np.empty(M)
-        m, a, c = np.empty(M, cd), np.empty(M, cd), np.empty(M, cd)
         epsilon = float(epsilon)
         path = policy.resolve_path(ys, path)
         if policy.split_rows(M, K, path):
@@ -189,26 +187,25 @@ class NumbaEngine(Engine):
                 else:
                     rows.square_partials(xs, xr, K, part_m2)
             rows.merge_partials(part_mean, part_m2, K, centered, mean, var)
-            rows.fold_rows(mean, var, epsilon, centered, m, a, c)
             kernel = rows.normalize_streaming if path == "streaming" else rows.normalize_parallel
             with launch_guard(path):
-                kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, m, a, c, s, b)
+                kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, epsilon, centered, mean, var)
             return mean, var
         if skip is None:
-            skip_s, bias_t = xs[:0], b[:0]
+            skip_s, bias_t = xs[:0], s[:0]
         else:
             skip_s = storage_view(skip).ravel()
-            bias_t = np.full(K, -0.0, cd) if bias is None else np.ascontiguousarray(bias, dtype=cd)
+            bias_t = s[:0] if bias is None else _column(bias)
         sums_s = xs[:0] if sums is None else storage_view(sums).ravel()
-        args = (xs, xr, ys, yr, K, s, b, epsilon, centered)
-        outs = (mean, var, m, a, c, skip_s, bias_t, sums_s)
         took("rows", "fused", path)
         if path == "serial":
-            rows.rows_serial(*args, *outs)
+            rows.rows_serial(xs, xr, ys, yr, K, s, b, epsilon, centered, mean, var, skip_s,
+                             bias_t, sums_s)
         else:
             kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
             with launch_guard(path):
-                kernel(*args, policy.rows_per_item(M, K), *outs)
+                kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
+                       mean, var, skip_s, bias_t, sums_s)
         return mean, var
 
 ENGINE = NumbaEngine()
@@ -276,6 +273,12 @@ def _row_moments(xs, P, C, S, count, mean, m2, path):
         _kernel(reductions.merge_rows, reductions.merge_rows_serial, path)(
             part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)
 
+
+
+def _column(p):
+    """Per-column parameters for the row kernels: C-contiguous, storage dtype (the
+    kernels widen them)."""
+    return storage_view(p if p.flags.c_contiguous else np.ascontiguousarray(p))
 
 
 def _flat_rows(a):

@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
-from normkernels.kernels.elements import item_bytes, load, store
+from normkernels.kernels.elements import compute_empty, item_bytes, load, store
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
@@ -218,38 +218,60 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
                vector)
 
 
+@njit(**_INLINE)
+def column_table(x, p, K):
+    """Parameters ``p`` (any storage dtype; empty: none) as ``K`` compute-dtype values
+    per column; none is ``-0.0``, which adds nothing (not even to a negative zero)."""
+    t = compute_empty(x, K)
+    if p.size == 0:
+        t[:] = -0.0
+    else:
+        for k in range(K):
+            t[k] = load(p, k)
+    return t
+
+
+@njit(**_INLINE)
+def _prepare(x, K, scale, B, bias, M):
+    return (column_table(x, scale, K), column_table(x, B, K), column_table(x, bias, K),
+            compute_empty(x, M), compute_empty(x, M), compute_empty(x, M))
+
+
 @njit(**KERNEL_OPTIONS)
-def rows_serial(x, xr, y, yr, K, s, b, epsilon, centered, mean, var, m, a, c, skip, bias,
-                sums):
+def rows_serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, bias, sums):
     """Every row fused, on one thread: statistics into ``mean[r], var[r]`` (float64;
-    ``var`` is the mean square when not ``centered``), scalars into ``m, a, c``, Y into
-    ``y``. ``skip`` (contiguous rows of ``K``; row ``r`` adds skip row ``r % rows``)
-    empty means no skip; ``sums`` (contiguous ``M x K``) empty means the sums are not
-    kept."""
-    _rows(x, xr, y, yr, K, 0, mean.size, s, b, epsilon, centered, mean, var, m, a, c, skip,
-          bias, sums, vector_row)
+    ``var`` is the mean square when not ``centered``), Y into ``y``. ``scale``, ``B``
+    and ``bias`` are ``K`` values (any storage dtype; ``B`` and ``bias`` empty: none);
+    ``skip`` (contiguous rows of ``K``; row ``r`` adds skip row ``r % rows``) empty
+    means no skip; ``sums`` (contiguous ``M x K``) empty means the sums are not kept."""
+    M = mean.size
+    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M)
+    _rows(x, xr, y, yr, K, 0, M, s, b, epsilon, centered, mean, var, m, a, c, skip, bias_t,
+          sums, vector_row)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def rows_parallel(x, xr, y, yr, K, s, b, epsilon, centered, rows_per_item, mean, var, m, a,
-                  c, skip, bias, sums):
+def rows_parallel(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, mean, var, skip,
+                  bias, sums):
     """:func:`rows_serial`, items of ``rows_per_item`` rows in parallel."""
     M = mean.size
+    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
         _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
-              mean, var, m, a, c, skip, bias, sums, vector_row)
+              mean, var, m, a, c, skip, bias_t, sums, vector_row)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def rows_streaming(x, xr, y, yr, K, s, b, epsilon, centered, rows_per_item, mean, var, m, a,
-                   c, skip, bias, sums):
+def rows_streaming(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, mean, var,
+                   skip, bias, sums):
     """:func:`rows_parallel` with streaming stores."""
     M = mean.size
+    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
         _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
-              mean, var, m, a, c, skip, bias, sums, stream_row)
+              mean, var, m, a, c, skip, bias_t, sums, stream_row)
         store_fence()
 
 
@@ -293,16 +315,13 @@ def merge_partials(part_mean, part_m2, K, centered, mean, var):
             mean[r], var[r] = 0.0, total / K
 
 
-@njit(**KERNEL_OPTIONS)
-def fold_rows(mean, var, epsilon, centered, m, a, c):
-    """The row scalars of every row (:func:`fold_row`)."""
+@njit(parallel=True, **KERNEL_OPTIONS)
+def normalize_parallel(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var):
+    """Y from the rows' statistics (folded here) over (row, ``run`` columns) items in
+    parallel."""
+    s, b, _, m, a, c = _prepare(x, K, scale, B, B[:0], mean.size)
     for r in range(mean.size):
         fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
-
-
-@njit(parallel=True, **KERNEL_OPTIONS)
-def normalize_parallel(x, xr, y, yr, K, run, m, a, c, s, b):
-    """Y from folded row scalars over (row, ``run`` columns) items in parallel."""
     runs = (K + run - 1) // run
     for item in prange(m.size * runs):
         r = item // runs
@@ -312,8 +331,11 @@ def normalize_parallel(x, xr, y, yr, K, run, m, a, c, s, b):
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def normalize_streaming(x, xr, y, yr, K, run, m, a, c, s, b):
+def normalize_streaming(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var):
     """:func:`normalize_parallel` with streaming stores."""
+    s, b, _, m, a, c = _prepare(x, K, scale, B, B[:0], mean.size)
+    for r in range(mean.size):
+        fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
     runs = (K + run - 1) // run
     for item in prange(m.size * runs):
         r = item // runs
