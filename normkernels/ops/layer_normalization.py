@@ -19,7 +19,7 @@ Where the function body and normkernels differ (README, "Row normalizations"):
 
 from dataclasses import dataclass
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import ALL_FLOATS, BFLOAT16, FLOAT32, FLOAT64
 
 OP = "LayerNormalization"
@@ -57,6 +57,23 @@ def check_outputs(label, num_outputs, most):
 def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type=None,
                         num_outputs=1, opset=17, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.layer_normalization`."""
+    key = given = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, opset, axis, epsilon, stash_type, num_outputs, type(opset),
+                   type(axis), type(epsilon), type(stash_type), type(num_outputs),
+                   type(X), X.shape, X.strides, X.dtype,
+                   type(Scale), Scale.shape, Scale.strides, Scale.dtype,
+                   None if B is None else (type(B), B.shape, B.strides, B.dtype),
+                   plans.out_key(out, X))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            result = plan(X, Scale, B, out)
+            if result is not None:
+                return result
+        given = (X, Scale) if B is None else (X, Scale, B)
     version = version_for(opset)
     label = version.label(OP)
     attrs = common.resolve_attributes(label, version, {"axis": axis, "epsilon": epsilon,
@@ -80,11 +97,22 @@ def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type
                          "their mean and variance are undefined")
     if out is not None:
         rows.check_out(label, out, X, arrays)
+    finish = _outputs(n_out, stash, rows.statistics_shape(X.shape, a), eps)
     Y, mean, var = rows.normalize(X, a, arrays["Scale"], arrays.get("B"), eps, True, engine,
                                   path, out)
+    checked = (X, *arrays.values())
+    if key is not None and eps and plans.plain(given, checked):
+        plans.add(key, rows.plan(engine, eps, True, X, a, checked[1:], out, finish))
+    return finish(Y, mean, var)
+
+
+def _outputs(n_out, stash, shape, epsilon):
+    """``finish(Y, mean, var)``: the first ``n_out`` of Y, Mean and InvStdDev."""
     if n_out == 1:
-        return Y
-    shape = rows.statistics_shape(X.shape, a)
-    results = (Y, mean.astype(stash).reshape(shape),
-               rows.inverse_std(var, eps).astype(stash).reshape(shape))
-    return results[:n_out]
+        return lambda Y, mean, var: Y
+
+    def finish(Y, mean, var):
+        results = (Y, mean.astype(stash).reshape(shape),
+                   rows.inverse_std(var, epsilon).astype(stash).reshape(shape))
+        return results[:n_out]
+    return finish

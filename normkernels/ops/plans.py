@@ -76,6 +76,11 @@ def _output(plan, X, out, params=None):
     return y, X.transpose(plan.order), y.transpose(plan.order)
 
 
+def shares(out, X, params):
+    """Whether ``out`` may share memory with X (other than by being X) or a parameter."""
+    return _shares(out, X, params)
+
+
 def _shares(out, X, params):
     if out is not X and np.may_share_memory(out, X):
         return True

@@ -18,11 +18,12 @@ column; :func:`normalize` gets every call there:
 """
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from normkernels.kernels.storage import FLOAT64, compute_dtype
-from normkernels.ops import common
+from normkernels.ops import common, plans
 
 
 def normalized_axis(label, name, axis, ndim):
@@ -166,3 +167,47 @@ def inverse_std(var, epsilon):
     """``1 / sqrt(var + epsilon)`` in float64 (the kernels' ``a`` before rounding)."""
     with np.errstate(all="ignore"):
         return 1.0 / np.sqrt(var + epsilon)
+
+
+class Plan(NamedTuple):
+    """A row normalization's call plan (see :mod:`normkernels.ops.plans`): C-contiguous
+    X, Y (``out`` too) and parameters of exactly the normalized shape or ``(K,)``, Y in
+    X's dtype; ``finish(Y, mean, var)`` makes the operator's outputs."""
+
+    engine: object
+    epsilon: float
+    centered: bool
+    M: int
+    K: int
+    shape: tuple
+    dtype: object
+    finish: object
+
+    def __call__(self, X, scale, B, out, skip=None, bias=None):
+        params = tuple(p for p in (scale, B, skip, bias) if p is not None)
+        if out is None:
+            y = np.empty(self.shape, self.dtype)
+        elif not out.flags.writeable or plans.shares(out, X, params):
+            return None
+        else:
+            y = out
+        M, K = self.M, self.K
+        mean, var = self.engine.normalize_rows(
+            X.reshape(M, K), y.reshape(M, K), scale.reshape(K), None if B is None else
+            B.reshape(K), self.epsilon, self.centered,
+            None if skip is None else skip.reshape(-1, K), bias)
+        return self.finish(y, mean, var)
+
+
+def plan(engine, epsilon, centered, X, a, params, out, finish):
+    """The :class:`Plan` of a call that just passed the full checks, or None when it
+    needs the full path (a copy of X or of Y, the general path, an empty X)."""
+    M, K = rows_shape(X.shape, a)
+    if X.size == 0 or not X.flags.c_contiguous:
+        return None
+    if out is not None and not out.flags.c_contiguous:
+        return None
+    columns = (X.shape[a:], (K,))
+    if any(p.shape not in columns or not p.flags.c_contiguous for p in params):
+        return None
+    return Plan(engine, epsilon, centered, M, K, X.shape, X.dtype, finish)
