@@ -107,6 +107,10 @@ class NumPyEngine(Engine):
         normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var)
         return mean, var
 
+    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
+        normalize_rows_from(x, y, scale, B, epsilon, centered, np.asarray(mean, np.float64),
+                            np.asarray(var, np.float64))
+
 
 ENGINE = NumPyEngine()
 

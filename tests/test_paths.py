@@ -204,10 +204,15 @@ CASES.update({
     "skip-fused-serial": case("skip", (40, 7), "NCX", ["rows/fused/serial"], path="serial"),
     "skip-split-parallel": case("skip", (2, 3, 100), "NCX", ["rows/split/parallel"],
                                 path="parallel", patch=SPLIT),
+    # the normalize pass alone from given statistics (chunked rows in normkernels.dask)
+    **{f"rows-from-statistics-{p}": case("rows-stats", (12, 100), "NCX",
+                                         [f"rows/from-statistics/{p}"], path=p)
+       for p in PATHS},
 })
-ROW_OPS = ("layer", "rms", "skip")
+ROW_OPS = ("layer", "rms", "skip", "rows-stats")
 
-DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "bn": FLOATS, "training": FLOATS,
+DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,
+          "bn": FLOATS, "training": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
@@ -274,6 +279,12 @@ def run(case, X, params, dtype, engine=ENGINE):
         if case.op == "rms":
             return rms_spec.rms_normalization(X, p[0], axis=row_axis(X.shape), epsilon=EPS,
                                               **kw), p[:1]
+        if case.op == "rows-stats":  # the float64 statistics of the oracle
+            _, mean, var = row_norm(X, 1.0, None, EPS)
+            Y = np.empty_like(X)
+            engine.rows_from_statistics(X, Y, p[0], p[1], EPS, True, mean.ravel(), var.ravel(),
+                                        case.path)
+            return Y, p
         bias, skip, gamma, beta = p
         return skip_spec.skip_layer_normalization(X, skip, gamma, beta, bias, epsilon=EPS,
                                                   num_outputs=4, **kw), p
@@ -306,6 +317,12 @@ def run(case, X, params, dtype, engine=ENGINE):
 
 def check_rows_with_oracle(case, X, params, result):
     a = row_axis(X.shape)
+    if case.op == "rows-stats":
+        y, mean, var = row_norm(X, params[0], params[1], EPS, a)
+        assert_close(result, y, tolerance(X, np.broadcast_to(params[0], X.shape),
+                                          np.broadcast_to(params[1], X.shape), mean, var, EPS,
+                                          "NCX", X.dtype, mean_rounded=X.dtype != np.float64))
+        return
     if case.op == "rms":
         y, mean, var = row_norm(X, params[0], None, EPS, a, centered=False)
         assert_close(result, y, row_tolerance(X, params[0], None, mean, var, EPS, X.dtype,

@@ -80,3 +80,9 @@ class Engine:
         receives. Returns float64 ``(mean, var)`` per row (``var``: the mean square
         when not centred)."""
         raise NotImplementedError
+
+    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
+        """The normalize pass of :meth:`normalize_rows` from given float64 per-row
+        ``mean`` and ``var`` (merged partial moments of a chunked row, say): the same
+        bits as :meth:`normalize_rows` gives with those statistics."""
+        raise NotImplementedError

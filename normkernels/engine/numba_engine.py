@@ -208,6 +208,24 @@ class NumbaEngine(Engine):
                        mean, var, skip_s, bias_t, sums_s)
         return mean, var
 
+    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
+        K = x.shape[1]
+        (xs, xr), (ys, yr) = _flat_rows(x), _flat_rows(y)
+        s = _column(scale)
+        b = s[:0] if B is None else _column(B)
+        mean = np.ascontiguousarray(mean, dtype=np.float64)
+        var = np.ascontiguousarray(var, dtype=np.float64)
+        path = policy.resolve_path(ys, path)
+        took("rows", "from-statistics", path)
+        if path == "serial":
+            kernel = rows.normalize_serial
+        else:
+            kernel = rows.normalize_streaming if path == "streaming" else rows.normalize_parallel
+        with launch_guard(path):
+            kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, float(epsilon), centered, mean,
+                   var)
+
+
 ENGINE = NumbaEngine()
 
 

@@ -34,6 +34,8 @@ ROUTES = (
     "instance_rows/one-launch/parallel",
     "rows/fused/serial", "rows/fused/parallel", "rows/fused/streaming",
     "rows/split/parallel", "rows/split/streaming",
+    "rows/from-statistics/serial", "rows/from-statistics/parallel",
+    "rows/from-statistics/streaming",
     "one-thread",  # a forked child: every call on the serial path
 )
 _trace = None

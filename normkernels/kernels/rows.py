@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import compute_empty, item_bytes, load, store
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
@@ -345,3 +346,7 @@ def normalize_streaming(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean,
         normalize_run(x, r * xr + lo, y, r * yr + lo, min(K - lo, run), m[r], a[r], c[r], s,
                       b, lo, stream_row)
         store_fence()
+
+
+# one-thread twin (see normkernels.kernels.cache.serial_twin)
+normalize_serial = serial_twin(normalize_parallel, **KERNEL_OPTIONS)
