@@ -29,14 +29,17 @@ F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
 
 def _node_cases():
-    """ONNX's node test cases of the two operators, regenerated from their sources."""
+    """ONNX's node test cases of the operators, regenerated from their sources (the
+    one-node models; the expanded function bodies are other operators)."""
     import onnx.backend.test.case.node as node_cases
 
     node_cases._TargetOpType = None
-    for module in ("batch_normalization", "instance_normalization"):
+    for module in ("batch_normalization", "instance_normalization", "layernormalization",
+                   "rmsnormalization"):
         importlib.import_module(f"onnx.backend.test.case.node.{module}")
     return [case for case in node_cases._NodeTestCases
-            if any(n.op_type in nko.SUPPORTED for n in case.model.graph.node)]
+            if len(case.model.graph.node) == 1
+            and case.model.graph.node[0].op_type in nko.SUPPORTED]
 
 
 NODE_CASES = _node_cases()
@@ -60,7 +63,10 @@ def evaluate(model, feeds):
 
 
 def test_cases_were_found():
-    assert len(NODE_CASES) >= 6  # 4 BatchNormalization, 2 InstanceNormalization in 1.23
+    ops = [case.model.graph.node[0].op_type for case in NODE_CASES]
+    # onnx 1.23: 4 BatchNormalization, 2 InstanceNormalization, and many of the others
+    assert ops.count("BatchNormalization") >= 4 and ops.count("InstanceNormalization") >= 2
+    assert ops.count("LayerNormalization") >= 19 and ops.count("RMSNormalization") >= 10
     assert all(os.path.isdir(d) for d in DATA_DIRS) and len(DATA_DIRS) == 6
 
 
@@ -193,8 +199,8 @@ def test_instance_node(rng):
 
 
 def test_unsupported_nodes_are_named():
-    with pytest.raises(NotImplementedError, match="operator 'LayerNormalization'"):
-        nko.run_node(helper.make_node("LayerNormalization", ["x", "s"], ["y"]), [], 17)
+    with pytest.raises(NotImplementedError, match="operator 'GroupNormalization'"):
+        nko.run_node(helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"]), [], 21)
     with pytest.raises(NotImplementedError, match=r"domain 'com\.microsoft'"):
         nko.run_node(helper.make_node("BatchNormalization", list("xsbmv"), ["y"],
                                       domain="com.microsoft"), [], 15)
@@ -235,15 +241,20 @@ def test_instance_helper_does_not_overflow_in_float16(rng):
 _ORT_TYPES = {F16: TensorProto.FLOAT16, F32: TensorProto.FLOAT, F64: TensorProto.DOUBLE}
 
 
-def ort_session(node, opset, dtype, n_inputs):
+def ort_session(node, opset, dtype, n_inputs, output_types=None):
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed")
     names = list(node.input)[:n_inputs]
+    outputs = [n for n in node.output if n]
+    types = output_types or [_ORT_TYPES[dtype]] * len(outputs)
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info(n, _ORT_TYPES[dtype], None) for n in names],
-        [helper.make_tensor_value_info(n, _ORT_TYPES[dtype], None) for n in node.output if n])
+        [helper.make_tensor_value_info(n, t, None) for n, t in zip(outputs, types,
+                                                                   strict=True)])
+    imports = [helper.make_opsetid("", opset)]
+    if node.domain:
+        imports.append(helper.make_opsetid(node.domain, 1))
     # onnxruntime 1.31 rejects IR version 14 models
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              ir_version=10)
+    model = helper.make_model(graph, opset_imports=imports, ir_version=10)
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model.SerializeToString(), options,
@@ -292,3 +303,114 @@ def test_instance_agrees_with_onnxruntime(rng, dtype):
     tol = 2e-3 if dtype == F16 else 1e-5
     np.testing.assert_allclose(ours.astype(np.float64), theirs.astype(np.float64), rtol=tol,
                                atol=tol)
+
+
+# --- row normalizations: run_node semantics and onnxruntime ---
+
+ROW_NODES = {  # name -> (node, opset, number of inputs, output types of onnxruntime's schema)
+    "LayerNormalization": (helper.make_node("LayerNormalization", ["x", "s", "b"],
+                                            ["y", "mean", "inv"], axis=-1, epsilon=1e-5),
+                           17, 3, [None, TensorProto.FLOAT, TensorProto.FLOAT]),
+    "RMSNormalization": (helper.make_node("RMSNormalization", ["x", "s"], ["y"], epsilon=1e-5),
+                         23, 2, [None]),
+    "SimplifiedLayerNormalization": (helper.make_node("SimplifiedLayerNormalization",
+                                                      ["x", "s"], ["y", "inv"], epsilon=1e-5),
+                                     17, 2, [None, TensorProto.FLOAT]),
+    "SkipLayerNormalization": (helper.make_node("SkipLayerNormalization",
+                                                ["x", "k", "s", "b", "bias"],
+                                                ["y", "mean", "inv", "sum"], epsilon=1e-5,
+                                                domain="com.microsoft"),
+                               17, 5, [None, TensorProto.FLOAT, TensorProto.FLOAT, None]),
+    "SkipSimplifiedLayerNormalization": (helper.make_node("SkipSimplifiedLayerNormalization",
+                                                          ["x", "k", "s", "bias"],
+                                                          ["y", "mean", "inv", "sum"],
+                                                          epsilon=1e-5, domain="com.microsoft"),
+                                         17, 4, [None, TensorProto.FLOAT, TensorProto.FLOAT,
+                                                 None]),
+}
+
+
+def row_inputs(rng, op_type, dtype, shape=(2, 5, 48)):
+    hidden = shape[-1]
+    X = (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+    col = lambda: rng.standard_normal(hidden).astype(dtype)  # noqa: E731
+    if op_type.startswith("Skip"):
+        skip = rng.standard_normal(shape).astype(dtype)
+        if op_type == "SkipLayerNormalization":
+            return [X, skip, col(), col(), col()]
+        return [X, skip, col(), col()]
+    return [X, col(), col()] if op_type == "LayerNormalization" else [X, col()]
+
+
+# (the skip operators' schema has no float64)
+@pytest.mark.parametrize("op_type,dtype", [
+    pytest.param(op, dt, id=f"{op}-{dt.name}") for op in ROW_NODES for dt in (F16, F32, F64)
+    if not (op.startswith("Skip") and dt == F64)])
+def test_row_normalizations_agree_with_onnxruntime(rng, op_type, dtype):
+    node, opset, n_inputs, out_types = ROW_NODES[op_type]
+    types = [_ORT_TYPES[dtype] if t is None else t for t in out_types]
+    try:
+        session, names = ort_session(node, opset, dtype, n_inputs, types)
+    except pytest.skip.Exception:
+        raise
+    except Exception as exc:  # a type onnxruntime has no kernel for
+        pytest.skip(f"onnxruntime cannot run {op_type} {dtype}: "
+                    f"{str(exc).splitlines()[0][:120]}")
+    inputs = row_inputs(rng, op_type, dtype)
+    theirs = session.run(None, dict(zip(names, inputs, strict=True)))
+    ours = nko.run_node(node, inputs, opset)
+    tol = 4e-3 if dtype == F16 else 1e-5
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol,
+                                   atol=tol)
+
+
+def test_layer_normalization_node_on_a_large_offset_row():
+    """InvStdDev of the row 1e4 + [0.1, 0.2, 0.3, 0.4] (float32) is the spec's value
+    1 / sqrt(var + 1e-5) = 8.9233 to float32 rounding (onnxruntime 1.32 returned 8.9407:
+    a one-pass float32 variance)."""
+    node, opset = ROW_NODES["LayerNormalization"][:2]
+    X = (1e4 + np.array([[0.1, 0.2, 0.3, 0.4]])).astype(F32)
+    s, b = np.ones(4, F32), np.zeros(4, F32)
+    y, _, inv = nko.run_node(node, [X, s, b], opset)
+    x = X.astype(np.float64)
+    exact = 1 / np.sqrt(x.var() + 1e-5)
+    np.testing.assert_allclose(inv.ravel()[0], exact, rtol=1e-6)
+    np.testing.assert_allclose(y.astype(np.float64), (x - x.mean()) * exact, rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_row_nodes_in_the_evaluator(rng):
+    """A model with LayerNormalization, RMSNormalization and a com.microsoft
+    SkipLayerNormalization runs in the ReferenceEvaluator with normkernels' OpRuns."""
+    X = rng.standard_normal((3, 4, 16)).astype(F32)
+    s, b = rng.standard_normal(16).astype(F32), rng.standard_normal(16).astype(F32)
+    nodes = [helper.make_node("LayerNormalization", ["x", "s", "b"], ["t"]),
+             helper.make_node("RMSNormalization", ["t", "s"], ["u"]),
+             helper.make_node("SkipLayerNormalization", ["u", "x", "s", "b"], ["y"],
+                              domain="com.microsoft", epsilon=1e-5)]
+    info = lambda n, shape: helper.make_tensor_value_info(n, TensorProto.FLOAT, shape)  # noqa: E731
+    graph = helper.make_graph(nodes, "g", [info("x", X.shape), info("s", (16,)),
+                                           info("b", (16,))], [info("y", X.shape)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    (y,) = evaluate(model, {"x": X, "s": s, "b": b})
+    t = normkernels.layer_normalization(X, s, b)
+    u = normkernels.rms_normalization(t, s)
+    np.testing.assert_array_equal(y, normkernels.skip_layer_normalization(u, X, s, b,
+                                                                         epsilon=1e-5))
+
+
+def test_row_node_optional_inputs_and_outputs(rng):
+    X = rng.standard_normal((2, 8)).astype(F32)
+    s = rng.standard_normal(8).astype(F32)
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y", "", "inv"])
+    y, mean, inv = nko.run_node(node, [X, s])
+    assert mean is None and inv.shape == (2, 1) and inv.dtype == F32
+    np.testing.assert_array_equal(y, normkernels.layer_normalization(X, s))
+    with pytest.raises(ValueError, match="inputs"):
+        nko.run_node(node, [X])
+    bad = helper.make_node("SkipLayerNormalization", ["x", "k", "s"], ["y"], domain="other")
+    with pytest.raises(NotImplementedError, match="SkipLayerNormalization"):
+        nko.run_node(bad, [X, X, s])
