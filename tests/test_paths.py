@@ -544,3 +544,24 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
     expected, _ = run(case, X, params, dtype, twin)
     for got, want in zip(_outputs(result), _outputs(expected), strict=True):
         assert_identical(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("op", ["layer", "rms", "skip"])
+def test_row_paths_give_the_same_bits(rng, monkeypatch, op, dtype):
+    """Every path of a row normalization (fused on each path, split, and the
+    one-thread twins of a forked child) gives the same outputs, bit for bit: the
+    statistics are the same chunk results merged in the same order on all of them."""
+    case = Case(op, (5, 70001), "NCX", frozenset())  # 2 chunks a row; 5 rows: fused
+    X, params = data(rng, case, dtype)
+    results = []
+    for path, patch, forked in [("serial", {}, False), ("parallel", {}, False),
+                                ("streaming", {}, False), ("parallel", SPLIT, False),
+                                ("streaming", SPLIT, False), (None, {}, True)]:
+        with monkeypatch.context() as m:
+            arrange(m, Case(op, case.ncx_shape, "NCX", frozenset(), path, forked, patch))
+            results.append(run(Case(op, case.ncx_shape, "NCX", frozenset(), path), X, params,
+                               dtype)[0])
+    for result in results[1:]:
+        for got, want in zip(_outputs(result), _outputs(results[0]), strict=True):
+            assert_identical(np.asarray(got), np.asarray(want))
