@@ -427,3 +427,96 @@ def test_moments_plan(rng, monkeypatch):
         assert_identical(a, b)
     with pytest.raises(TypeError, match="X has dtype int32"):
         nk.moments(Y.astype(np.int32))
+
+
+# --- row normalizations ---
+
+ROW_OPS = {
+    "layer": lambda X, p, **kw: nk.layer_normalization(X, *p, **kw),
+    "layer3": lambda X, p, **kw: nk.layer_normalization(X, *p, num_outputs=3, **kw),
+    "rms": lambda X, p, **kw: nk.rms_normalization(X, p[0], **kw),
+    "simplified": lambda X, p, **kw: nk.simplified_layer_normalization(X, p[0], num_outputs=2,
+                                                                       **kw),
+    "skip": lambda X, p, **kw: nk.skip_layer_normalization(X, X[0] * 0.5, *p, p[1],
+                                                           num_outputs=3, **kw),
+    "skip-simplified": lambda X, p, **kw: nk.skip_simplified_layer_normalization(
+        X, X[0] * 0.5, p[0], p[1], **kw),
+}
+ROW_TWINS = {
+    "layer": lambda X, p, **kw: reference.layer_normalization(X, *p, **kw),
+    "layer3": lambda X, p, **kw: reference.layer_normalization(X, *p, num_outputs=3, **kw),
+    "rms": lambda X, p, **kw: reference.rms_normalization(X, p[0], **kw),
+    "simplified": lambda X, p, **kw: reference.simplified_layer_normalization(
+        X, p[0], num_outputs=2, **kw),
+    "skip": lambda X, p, **kw: reference.skip_layer_normalization(X, X[0] * 0.5, *p, p[1],
+                                                                  num_outputs=3, **kw),
+    "skip-simplified": lambda X, p, **kw: reference.skip_simplified_layer_normalization(
+        X, X[0] * 0.5, p[0], p[1], **kw),
+}
+
+
+def _outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+def _same_as_twin(got, want):
+    for g, w in zip(_outputs(got), _outputs(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64),
+                                   rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+@pytest.mark.parametrize("out_kind", ["none", "out", "inplace"])
+def test_row_plans_give_the_full_paths_results(rng, op, out_kind):
+    """The second call (a plan) gives what the first (the full path) gave, bit for bit,
+    from new contents of the same arrays; both agree with the twin."""
+    X = rng.standard_normal((3, 4, 24)).astype(np.float32) * 2 + 1
+    p = [rng.standard_normal(24).astype(np.float32) for _ in range(2)]
+    keep = X.copy()
+    out = None if out_kind == "none" else X if out_kind == "inplace" else np.empty_like(X)
+    first = [np.copy(r) for r in _outputs(ROW_OPS[op](X, p, out=out))]
+    assert plans._plans, "no plan was made"
+    X[...] = keep * 0.5 - 3  # new contents: the plan must read them
+    p[0] *= 2
+    second = ROW_OPS[op](X, p, out=out)
+    X2 = keep * 0.5 - 3
+    want = ROW_TWINS[op](X2, p)
+    _same_as_twin(second, want)
+    assert not np.array_equal(first[0], _outputs(second)[0])
+    X[...] = keep  # the first call's inputs again: the plan gives the first call's bits
+    p[0] /= 2
+    for got, want in zip(_outputs(ROW_OPS[op](X, p, out=out)), first, strict=True):
+        assert_identical(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("op", ROW_OPS)
+def test_row_plans_check_out_again(rng, op):
+    """A planned call with an out that is read-only, or that shares memory with a
+    parameter, fails as the full path does."""
+    X = rng.standard_normal((3, 4, 24)).astype(np.float32)
+    p = [rng.standard_normal(24).astype(np.float32) for _ in range(2)]
+    ROW_OPS[op](X, p, out=np.empty_like(X))
+    assert plans._plans
+    locked = np.empty_like(X)
+    locked.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        ROW_OPS[op](X, p, out=locked)
+    big = np.empty(X.size, np.float32)
+    shared = big.reshape(X.shape)  # out of X's shape and strides, p[0] inside it
+    p_in = [big[-24:], p[1]]
+    p_in[0][...] = p[0]
+    with pytest.raises(ValueError, match="shares memory"):
+        ROW_OPS[op](X, p_in, out=shared)
+
+
+def test_row_plans_key_on_strides_and_dtype(rng):
+    X = rng.standard_normal((6, 32)).astype(np.float32)
+    s, b = np.ones(32, np.float32), np.zeros(32, np.float32)
+    nk.layer_normalization(X, s, b)
+    view = np.repeat(X, 2, axis=0)[::2]  # X's contents with other strides
+    assert_identical(nk.layer_normalization(view, s, b), nk.layer_normalization(X.copy(), s, b))
+    X64 = X.astype(np.float64)
+    got = nk.layer_normalization(X64, s.astype(np.float64), b.astype(np.float64))
+    assert got.dtype == np.float64
+    with pytest.raises(ValueError, match="axis"):
+        nk.layer_normalization(X, s, b, axis=2)

@@ -20,7 +20,7 @@ Where the function body and normkernels differ (README, "Row normalizations"):
 
 from dataclasses import dataclass
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import ALL_FLOATS, BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 from normkernels.ops.layer_normalization import check_outputs, stash_dtype
 
@@ -40,8 +40,27 @@ VERSIONS = {23: Version(23, {"axis": -1, "epsilon": 1e-5, "stash_type": 1})}
 version_for = common.version_lookup(OP, VERSIONS)
 
 
+def _key(op, engine, attributes, X, scale, out):
+    """A plan key (see ops/plans.py), or None when the arguments are not arrays."""
+    try:
+        return (op, engine, *attributes, *map(type, attributes), type(X), X.shape, X.strides,
+                X.dtype, type(scale), scale.shape, scale.strides, scale.dtype,
+                plans.out_key(out, X))
+    except AttributeError:
+        return None
+
+
+def _planned(key, X, scale, out):
+    try:
+        plan = plans.get(key)
+    except TypeError:  # an unhashable attribute
+        return None
+    return None if plan is None else plan(X, scale, None, out)
+
+
 def _run(label, X, scale, axis, epsilon, stash, out, engine, path):
-    """Checks shared by both operators, then the normalization: ``(Y, a, var)``."""
+    """Checks shared by both operators, then the normalization: ``(Y, a, var, X,
+    scale)`` (the arrays as checked)."""
     arrays = {"X": common.as_array("X", X), "scale": common.as_array("scale", scale)}
     for name, arr in arrays.items():
         common.check_dtype(label, name, arr, ALL_FLOATS)
@@ -56,30 +75,58 @@ def _run(label, X, scale, axis, epsilon, stash, out, engine, path):
         rows.check_out(label, out, X, {"scale": s}, dtype=s.dtype)
     Y, _, var = rows.normalize(X, a, s, None, epsilon, False, engine, path, out,
                                out_dtype=s.dtype)
-    return Y, a, var
+    return Y, a, var, X, s
+
+
+def _add_plan(key, given, checked, engine, epsilon, a, out, finish):
+    X, s = checked
+    if key is not None and epsilon and s.dtype == X.dtype and plans.plain(given, checked):
+        plans.add(key, rows.plan(engine, epsilon, False, X, a, (s,), out, finish))
 
 
 def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
                       out=None, engine, path=None):
     """Spec layer of :func:`normkernels.rms_normalization`."""
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        key = _key(OP, engine, (opset, axis, epsilon, stash_type), X, scale, out)
+        Y = None if key is None else _planned(key, X, scale, out)
+        if Y is not None:
+            return Y
     version = version_for(opset)
     label = version.label(OP)
     attrs = common.resolve_attributes(label, version, {"axis": axis, "epsilon": epsilon,
                                                        "stash_type": stash_type})
     eps = common.check_epsilon(label, attrs["epsilon"])
     stash_dtype(label, attrs["stash_type"], RMS_STASH)  # checked; no output has it
-    return _run(label, X, scale, attrs["axis"], eps, None, out, engine, path)[0]
+    Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path)
+    _add_plan(key, (X, scale), checked, engine, eps, a, out, _first)
+    return Y
+
+
+def _first(Y, mean, var):
+    return Y
 
 
 def simplified_layer_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1,
                                    num_outputs=1, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.simplified_layer_normalization`."""
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        key = _key(SIMPLIFIED, engine, (axis, epsilon, stash_type, num_outputs), X, scale, out)
+        result = None if key is None else _planned(key, X, scale, out)
+        if result is not None:
+            return result
     label = SIMPLIFIED
     eps = common.check_epsilon(label, epsilon)
     stash = stash_dtype(label, stash_type, SIMPLIFIED_STASH)
     n_out = check_outputs(label, num_outputs, 2)
-    Y, a, var = _run(label, X, scale, axis, eps, stash, out, engine, path)
-    if n_out == 1:
-        return Y
-    shape = rows.statistics_shape(Y.shape, a)
-    return Y, rows.inverse_std(var, eps).astype(stash).reshape(shape)
+    Y, a, var, *checked = _run(label, X, scale, axis, eps, stash, out, engine, path)
+    finish = _first
+    if n_out == 2:
+        shape = rows.statistics_shape(Y.shape, a)
+
+        def finish(Y, mean, var):
+            return Y, rows.inverse_std(var, eps).astype(stash).reshape(shape)
+    _add_plan(key, (X, scale), checked, engine, eps, a, out, finish)
+    return finish(Y, None, var)

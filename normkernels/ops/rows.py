@@ -199,11 +199,13 @@ class Plan(NamedTuple):
         return self.finish(y, mean, var)
 
 
-def plan(engine, epsilon, centered, X, a, params, out, finish):
+def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None):
     """The :class:`Plan` of a call that just passed the full checks, or None when it
-    needs the full path (a copy of X or of Y, the general path, an empty X)."""
+    needs the full path (a copy of X, Y or skip, the general path, an empty X)."""
     M, K = rows_shape(X.shape, a)
     if X.size == 0 or not X.flags.c_contiguous:
+        return None
+    if skip is not None and not skip.flags.c_contiguous:
         return None
     if out is not None and not out.flags.c_contiguous:
         return None

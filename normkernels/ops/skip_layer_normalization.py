@@ -17,7 +17,7 @@ registers it). ``output`` is the normalization of ``s`` as rounded to T, so it e
 
 import numpy as np
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import ALL_FLOATS, FLOAT32
 from normkernels.ops.layer_normalization import check_outputs
 
@@ -42,6 +42,19 @@ def _skip_rows(label, X, skip):
 
 def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon, num_outputs,
                         out, engine, path):
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (label, engine, epsilon, num_outputs, type(epsilon), type(num_outputs),
+                   *((type(a), a.shape, a.strides, a.dtype) if a is not None else None
+                     for a in (input, skip, gamma, beta, bias)), plans.out_key(out, input))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            result = plan(input, gamma, beta, out, skip, bias)
+            if result is not None:
+                return result
     eps = common.check_epsilon(label, epsilon)
     n_out = check_outputs(label, num_outputs, 4)
     arrays = {"input": common.as_array("input", input), "skip": common.as_array("skip", skip),
@@ -71,12 +84,24 @@ def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon
         X, X.ndim - 1, arrays["gamma"], arrays.get("beta"), eps, centered, engine, path, out,
         skip=skip_rows, bias=arrays.get("bias"),
         sums=None if sums is None else sums.reshape(M, hidden))
-    if n_out == 1:
-        return Y
     shape = rows.statistics_shape(X.shape, X.ndim - 1)
-    results = (Y, (mean if centered else np.zeros_like(mean)).astype(FLOAT32).reshape(shape),
-               rows.inverse_std(var, eps).astype(FLOAT32).reshape(shape), sums)
-    return results[:n_out]
+
+    def finish(Y, mean, var):
+        if n_out == 1:
+            return Y
+        results = (Y, (mean if centered else np.zeros_like(mean)).astype(FLOAT32).reshape(
+            shape), rows.inverse_std(var, eps).astype(FLOAT32).reshape(shape), sums)
+        return results[:n_out]
+
+    given = (input, skip, gamma, beta, bias)
+    checked = tuple(arrays.get(n) for n in ("input", "skip", "gamma", "beta", "bias"))
+    if (key is not None and eps and n_out < 4
+            and plans.plain([g for g in given if g is not None],
+                            [c for c in checked if c is not None])):
+        params = [c for c in checked[2:] if c is not None]
+        plans.add(key, rows.plan(engine, eps, centered, X, X.ndim - 1, params, out, finish,
+                                 skip=checked[1]))
+    return finish(Y, mean, var)
 
 
 def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilon=EPSILON,
