@@ -328,10 +328,12 @@ def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_form
 
 # --- row normalizations (LayerNormalization, RMSNormalization) ---
 
-def _row_param(name, p):
-    """A parameter as given: a dask array, or an ndarray (array-likes converted, as the
-    NumPy functions convert them)."""
-    return p if isinstance(p, _dask().Array) else common.as_array(name, p)
+def _row_array(name, p):
+    """An input as a dask array or an ndarray (array-likes converted), in native byte
+    order, as the NumPy functions convert them."""
+    if not isinstance(p, _dask().Array):
+        return common.as_array(name, p)
+    return p if p.dtype.isnative else p.astype(p.dtype.newbyteorder("="))
 
 
 def _is_column(p, ndim, a):
@@ -390,7 +392,9 @@ def row_moments(X, *, axis=-1, centered=True, split_every=None):
     statistics :func:`layer_normalization` and :func:`rms_normalization` normalize
     with."""
     da = _check(X, rows=True)
-    a = _rows.normalized_axis("normkernels.dask.row_moments", "axis", axis, X.ndim)
+    label = "normkernels.dask.row_moments"
+    common.check_dtype(label, "X", X, common.ALL_FLOATS)
+    a = _rows.normalized_axis(label, "axis", axis, X.ndim)
     return _row_moments(da, X, a, centered, split_every)
 
 
@@ -401,10 +405,9 @@ def _row_moments(da, X, a, centered, split_every):
     part = da.reduction(X, chunk, _aggregate, combine=_combine, axis=tuple(range(a, X.ndim)),
                         keepdims=True, dtype=_PARTIAL, split_every=split_every,
                         concatenate=False, meta=np.empty((0,) * X.ndim, _PARTIAL))
-    if not centered:
+    if not centered:  # the weighted mean of the mean squares (M2 unused)
         return da.zeros_like(part["mean"], dtype=np.float64), part["mean"]
-    with np.errstate(all="ignore"):
-        return part["mean"], part["M2"] / part["count"]
+    return part["mean"], part["M2"] / part["count"]
 
 
 def _normalize_block(block, a, params, columns, epsilon, centered, mean, var, out_dtype):
@@ -508,7 +511,7 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=None, stash_type=N
       statistics, by normkernels' row kernel. Mean is the merged mean and InvStdDev
       ``1 / sqrt(var + epsilon)`` in float64, each rounded once to the stash type.
       ``compute_statistics=True`` computes the statistics now (see
-      :func:`batch_normalization`).
+      :func:`batch_normalization`; no effect with whole rows, read once).
     """
     da = _check(X, rows=True)
     version = _ln.version_for(opset)
@@ -518,13 +521,14 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=None, stash_type=N
     eps = common.check_epsilon(label, attrs["epsilon"])
     stash = _ln.stash_dtype(label, attrs["stash_type"])
     n_out = _ln.check_outputs(label, num_outputs, 3)
-    arrays = {"X": X, "Scale": _row_param("Scale", Scale)}
+    arrays = {"X": _row_array("X", X), "Scale": _row_array("Scale", Scale)}
     if B is not None:
-        arrays["B"] = _row_param("B", B)
+        arrays["B"] = _row_array("B", B)
     for name, arr in arrays.items():
         common.check_dtype(label, name, arr, version.dtypes)
     common.check_same_dtype(label, "T", arrays)
     a = _rows.normalized_axis(label, "axis", attrs["axis"], X.ndim)
+    X = arrays["X"]
     params = [p for name, p in arrays.items() if name != "X"]
     for name, p in arrays.items():
         if name != "X":
@@ -572,7 +576,7 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=None, stash_type=None, opset
                                                        "stash_type": stash_type})
     eps = common.check_epsilon(label, attrs["epsilon"])
     _ln.stash_dtype(label, attrs["stash_type"], _rms.RMS_STASH)  # checked; no output has it
-    scale = _row_param("scale", scale)
+    X, scale = _row_array("X", X), _row_array("scale", scale)
     for name, arr in (("X", X), ("scale", scale)):
         common.check_dtype(label, name, arr, version.dtypes)
     a = _rows.normalized_axis(label, "axis", attrs["axis"], X.ndim)

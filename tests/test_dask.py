@@ -1,6 +1,7 @@
 """normkernels.dask against single-machine normkernels and the float64 oracle, over
-chunkings (whole, size-1, uneven, the channel axis split), dtypes and layouts, with
-the threaded scheduler and on a two-process dask.distributed LocalCluster.
+chunkings (whole, size-1, uneven, the channel axis split; for the row normalizations
+the leading and/or the normalized axes split), dtypes and layouts, with the threaded
+scheduler and on a two-process dask.distributed LocalCluster.
 
 The bounds are the README's ("Scaling out with Dask"): inference bitwise equal to
 single-machine normkernels; statistics within README_STATS_RTOL of single-machine
@@ -9,7 +10,7 @@ error model (tests/oracle.py)."""
 
 import numpy as np
 import pytest
-from arrays import assert_identical
+from arrays import BFLOAT16, assert_identical
 from oracle import (
     assert_close,
     batch_norm_training,
@@ -17,14 +18,20 @@ from oracle import (
     instance_norm,
     instance_tolerance,
     rounded_statistic_tolerance,
+    row_norm,
+    row_tolerance,
     statistics_tolerance,
     training_tolerance,
 )
 
 da = pytest.importorskip("dask.array", reason="dask not installed")
 
+import dask  # noqa: E402
+
 import normkernels as nk  # noqa: E402
 from normkernels import dask as nkd  # noqa: E402
+from normkernels.engine.numba_engine import ENGINE  # noqa: E402
+from normkernels.ops import rows  # noqa: E402
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 EPS = 1e-5
@@ -201,11 +208,20 @@ def test_on_a_two_process_local_cluster(rng):
                                    sync=True)
         mean, var = client.compute(nkd.moments(Xd), sync=True)
         Z = client.compute(nkd.instance_normalization(Xd, p[0], p[1]), sync=True)
+        S, B = (v.reshape(1, 7, 1).astype(F32) for v in (X[0, 0, :, :1], X[1, 1, :, :1]))
+        W, w_mean, w_inv = client.compute(nkd.layer_normalization(Xd, S, B, axis=1,
+                                                                   num_outputs=3), sync=True)
+        V = client.compute(nkd.rms_normalization(Xd, S, axis=2), sync=True)
     expect_training_close(Y, rm, rv, X, p, 0.9, "NCX")
     mean0, var0 = nk.moments(X)
     expect_same_statistics(mean, var, mean0, var0, F32)
     expect_oracle_statistics(mean, var, X, "NCX")
     expect_instance_close(Z, X, p[0], p[1], "NCX")
+    w, row_mean, row_var = row_norm(X, S, B, EPS, 1)
+    assert_close(W, w, row_tolerance(X, S, B, row_mean, row_var, EPS, F32))
+    expect_row_statistics_close(X, 1, w_mean, w_inv, row_mean, row_var)
+    v, zero, ms = row_norm(X, S, None, EPS, 2, centered=False)
+    assert_close(V, v, row_tolerance(X, S, None, zero, ms, EPS, F32, centered=False))
 
 
 @pytest.mark.parametrize("training", [0, 1])
@@ -230,3 +246,234 @@ def test_out_and_eager_statistics(rng, training):
         nkd.batch_normalization(Xd, *p, training_mode=training, out=np.empty(3, F32))
     Z = nkd.instance_normalization(Xd, p[0], p[1], compute_statistics=True).compute()
     expect_instance_close(Z, X, p[0], p[1], "NCX")
+
+
+# --- row normalizations (LayerNormalization, RMSNormalization) ---
+
+BF16 = BFLOAT16
+DTYPES = [F16, BF16, F32, F64]
+DTYPE_IDS = ["float16", "bfloat16", "float32", "float64"]
+README_STATS_RTOL[BF16] = 1e-6
+# (X's shape, axis): the last axis of 3-D X, two normalized axes of 4-D X
+ROW_CASES = {"3d-last": ((4, 9, 11), -1), "4d-axis2": ((3, 4, 5, 6), 2)}
+ROW_CHUNKINGS = ["whole", "leading", "rows", "both"]
+
+
+def row_chunks(shape, a, chunking):
+    """X's chunks: the leading axes (< a) and/or the normalized axes split unevenly."""
+    split = {"whole": (), "leading": ("lead",), "rows": ("rows",),
+             "both": ("lead", "rows")}[chunking]
+    return tuple(d // 2 + 1 if ("lead" if i < a else "rows") in split else d
+                 for i, d in enumerate(shape))
+
+
+def row_data(rng, shape, a, dtype, offset=0.0, param_dtype=None):
+    """X with rows around ``offset``, and Scale, B of the normalized shape."""
+    X = (rng.standard_normal(shape) * 2 + offset).astype(dtype)
+    pd = dtype if param_dtype is None else param_dtype
+    S = rng.uniform(0.5, 2, shape[a:]).astype(pd)
+    B = rng.uniform(-1, 1, shape[a:]).astype(pd)
+    return X, S, B
+
+
+class GivenStatistics:
+    """An engine whose row normalization uses given float64 statistics: through
+    normkernels' own row layer (ops.rows.normalize), this is what single-machine
+    normkernels gives with those statistics."""
+
+    def __init__(self, mean, var):
+        self.mean, self.var = np.ravel(mean).astype(F64), np.ravel(var).astype(F64)
+
+    def normalize_rows(self, x, y, scale, B, epsilon, centered, path=None, **skip):
+        ENGINE.rows_from_statistics(x, y, scale, B, epsilon, centered, self.mean, self.var)
+        return self.mean, self.var
+
+
+def with_statistics(X, a, scale, B, mean, var, centered, out_dtype=None):
+    """Single-machine normkernels' Y of X from given per-row statistics."""
+    Y, _, _ = rows.normalize(X, a, scale, B, EPS, centered, GivenStatistics(mean, var),
+                             out_dtype=out_dtype)
+    return Y
+
+
+def expect_same_row_statistics(mean, inv, mean0, inv0, dtype):
+    """Per-row float64 Mean and InvStdDev against single-machine normkernels', within
+    the README's bound on the statistics (the variance's error moves 1 / sqrt(var +
+    eps) by half as much, relatively)."""
+    rtol = README_STATS_RTOL[np.dtype(dtype)]
+    var0 = 1 / inv0.astype(F64) ** 2 - EPS
+    std0 = np.sqrt(np.maximum(var0, 0))
+    assert_close(mean, mean0, rtol * (np.abs(mean0) + std0), "Mean against single-machine")
+    d_var = rtol * var0 + README_STATS_OFFSET * np.abs(mean0) * std0
+    assert_close(inv, inv0, 1.01 * inv0 * d_var / (2 * (var0 + EPS)) + 4 * 2.0**-53 * inv0,
+                 "InvStdDev against single-machine")
+
+
+def expect_row_statistics_close(X, a, mean_out, inv_out, mean, var):
+    """Mean and InvStdDev against the oracle's float64 statistics (keepdims)."""
+    d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
+    inv = 1 / np.sqrt(var + EPS)
+    assert_close(mean_out, mean, rounded_statistic_tolerance(mean, mean_out.dtype, d_mean),
+                 "Mean against the oracle")
+    assert_close(inv_out, inv, rounded_statistic_tolerance(
+        inv, inv_out.dtype, inv * d_var / (var + EPS)), "InvStdDev against the oracle")
+
+
+@pytest.mark.parametrize("chunking", ROW_CHUNKINGS)
+@pytest.mark.parametrize("case", list(ROW_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_layer_normalization_matches(rng, dtype, case, chunking):
+    shape, axis = ROW_CASES[case]
+    a = axis % len(shape)
+    offset = 1e4 if dtype.itemsize >= 4 else 3.0  # |mean| 1e4 rows where X holds them
+    X, S, B = row_data(rng, shape, a, dtype, offset)
+    Xd = da.from_array(X, chunks=row_chunks(shape, a, chunking))
+    Y, mean_out, inv_out = nkd.layer_normalization(Xd, S, B, axis=axis, num_outputs=3,
+                                                   stash_type=11)
+    assert all(isinstance(v, da.Array) for v in (Y, mean_out, inv_out))
+    Y, mean_out, inv_out = dask.compute(Y, mean_out, inv_out)
+    Y0, mean0, inv0 = nk.layer_normalization(X, S, B, axis=axis, num_outputs=3, stash_type=11)
+    y, mean, var = row_norm(X, S, B, EPS, a)
+    assert_close(Y, y, row_tolerance(X, S, B, mean, var, EPS, dtype))
+    expect_row_statistics_close(X, a, mean_out, inv_out, mean, var)
+    if chunking in ("whole", "leading"):  # whole rows: blockwise through normkernels
+        for got, expected in zip((Y, mean_out, inv_out), (Y0, mean0, inv0), strict=True):
+            assert_identical(got, expected)
+        return
+    assert Y.dtype == dtype and mean_out.shape == inv_out.shape == mean0.shape
+    expect_same_row_statistics(mean_out, inv_out, mean0, inv0, dtype)
+    # Y is what normkernels gives with the merged statistics, bit for bit
+    m, v = dask.compute(*nkd.row_moments(Xd, axis=axis))
+    assert_identical(m, mean_out)
+    assert_identical(Y, with_statistics(X, a, S, B, m, v, True))
+    # default stash type: the same statistics rounded once to float32
+    _, mean32, inv32 = dask.compute(*nkd.layer_normalization(Xd, S, B, axis=axis,
+                                                             num_outputs=3))
+    assert_identical(mean32, m.astype(F32))
+    assert_identical(inv32, (1 / np.sqrt(v + EPS)).astype(F32))
+
+
+RMS_DTYPES = [(F32, F32), (F16, F16), (BF16, BF16), (F64, F64), (F16, F32), (F32, F64)]
+
+
+@pytest.mark.parametrize("chunking", ROW_CHUNKINGS)
+@pytest.mark.parametrize("case", list(ROW_CASES))
+@pytest.mark.parametrize("dtypes", RMS_DTYPES,
+                         ids=[f"{x.name}-{s.name}" for x, s in RMS_DTYPES])
+def test_rms_normalization_matches(rng, dtypes, case, chunking):
+    x_dtype, s_dtype = dtypes
+    shape, axis = ROW_CASES[case]
+    a = axis % len(shape)
+    X, S, _ = row_data(rng, shape, a, x_dtype, 1.0, s_dtype)
+    Xd = da.from_array(X, chunks=row_chunks(shape, a, chunking))
+    Y = nkd.rms_normalization(Xd, S, axis=axis).compute()
+    Y0 = nk.rms_normalization(X, S, axis=axis)
+    y, mean, var = row_norm(X, S, None, EPS, a, centered=False)
+    assert_close(Y, y, row_tolerance(X, S, None, mean, var, EPS, s_dtype, centered=False))
+    if chunking in ("whole", "leading"):
+        assert_identical(Y, Y0)
+        return
+    assert Y.dtype == s_dtype
+    m, ms = dask.compute(*nkd.row_moments(Xd, axis=axis, centered=False))
+    assert not m.any()
+    assert_close(ms, var, README_STATS_RTOL[x_dtype] * var, "mean square against the oracle")
+    assert_identical(Y, with_statistics(X, a, S, None, m, ms, False, s_dtype))
+
+
+@pytest.mark.parametrize("chunking", ROW_CHUNKINGS)
+def test_row_parameters_along_leading_axes_and_lazy(rng, chunking):
+    """Scale and B that also vary along the leading axes (the NumPy functions' general
+    path), and dask parameters."""
+    shape, a = (3, 4, 5, 6), 2
+    X = (rng.standard_normal(shape) * 3 - 2).astype(F32)
+    S = rng.uniform(0.5, 2, (3, 1, 5, 6)).astype(F32)  # varies along axis 0
+    B = rng.uniform(-1, 1, (4, 1, 1)).astype(F32)  # along axis 1
+    chunks = row_chunks(shape, a, chunking)
+    Xd = da.from_array(X, chunks=chunks)
+    Y, mean_out, inv_out = dask.compute(*nkd.layer_normalization(Xd, S, B, axis=a,
+                                                                 num_outputs=3))
+    y, mean, var = row_norm(X, S, B, EPS, a)
+    assert_close(Y, y, row_tolerance(X, S, B, mean, var, EPS, F32))
+    expect_row_statistics_close(X, a, mean_out, inv_out, mean, var)
+    Z = nkd.rms_normalization(Xd, S.astype(F64), axis=a).compute()
+    z, _, ms = row_norm(X, S, None, EPS, a, centered=False)
+    assert_close(Z, z, row_tolerance(X, S, None, mean, ms, EPS, F64, centered=False))
+    if chunking in ("whole", "leading"):
+        assert_identical(Y, nk.layer_normalization(X, S, B, axis=a))
+        assert_identical(Z, nk.rms_normalization(X, S.astype(F64), axis=a))
+    else:
+        m, v = dask.compute(*nkd.row_moments(Xd, axis=a))
+        assert_identical(Y, with_statistics(X, a, S, B, m, v, True))
+    # parameters as dask arrays (chunked their own way): the same bits
+    Sd, Bd = da.from_array(S, chunks=(2, 1, 2, 4)), da.from_array(B, chunks=(3, 1, 1))
+    assert_identical(nkd.layer_normalization(Xd, Sd, Bd, axis=a).compute(), Y)
+    cols = rng.uniform(0.5, 2, (1, 5, 6)).astype(F32)  # leading 1s: per column
+    got = nkd.layer_normalization(Xd, da.from_array(cols, chunks=(1, 3, 2)), axis=a)
+    assert_identical(got.compute(), nkd.layer_normalization(Xd, cols[0], axis=a).compute())
+
+
+def test_row_statistics_eager_split_every_and_edges(rng):
+    X = (rng.standard_normal((5, 40)) + 7).astype(F32)
+    S = rng.uniform(0.5, 2, 40).astype(F32)
+    Xd = da.from_array(X, chunks=(2, 3))  # 14 chunks per row: several merge levels
+    lazy = dask.compute(*nkd.layer_normalization(Xd, S, num_outputs=3, split_every=2))
+    eager = nkd.layer_normalization(Xd, S, num_outputs=3, compute_statistics=True)
+    for got, expected in zip(dask.compute(*eager), lazy, strict=True):
+        assert_identical(got, expected)
+    y, mean, var = row_norm(X, S, None, EPS, 1)
+    assert_close(lazy[0], y, row_tolerance(X, S, None, mean, var, EPS, F32))
+    assert_identical(nkd.rms_normalization(Xd, S, compute_statistics=True).compute(),
+                     nkd.rms_normalization(Xd, S, split_every=3).compute())
+    # non-native byte order: converted, as the NumPy functions convert it
+    big = da.from_array(X.astype(">f4"), chunks=(2, 3))
+    assert_identical(nkd.layer_normalization(big, da.from_array(S.astype(">f4"))).compute(),
+                     nkd.layer_normalization(Xd, S).compute())
+    assert_identical(nkd.rms_normalization(big, S.astype(">f4")).compute(),
+                     nkd.rms_normalization(Xd, S).compute())
+    # 1-D X: one row, in chunks (axis 0: no leading axes)
+    v = (rng.standard_normal(50) - 3).astype(F64)
+    Y, m, inv = dask.compute(*nkd.layer_normalization(da.from_array(v, chunks=7), v[::-1],
+                                                      axis=0, num_outputs=3))
+    y, mean, var = row_norm(v, v[::-1], None, EPS, 0)
+    assert m.shape == inv.shape == (1,) and m.dtype == F32
+    assert_close(Y, y, row_tolerance(v, v[::-1], None, mean, var, EPS, F64))
+    # no rows; bfloat16 stash; num_outputs 2
+    empty = da.from_array(np.zeros((0, 6), F32), chunks=(1, 4))
+    Y, m = dask.compute(*nkd.layer_normalization(empty, S[:6], num_outputs=2, stash_type=16))
+    assert Y.shape == (0, 6) and m.shape == (0, 1) and m.dtype == BF16
+
+
+def test_row_errors_are_the_numpy_ones(rng):
+    X, S, B = row_data(rng, (4, 6), 1, F32)
+    Xd = da.from_array(X, chunks=(2, 4))
+
+    def same_error(*args, rms=False, **kwargs):
+        numpy_fn, dask_fn = ((nk.rms_normalization, nkd.rms_normalization) if rms else
+                             (nk.layer_normalization, nkd.layer_normalization))
+        arrays = [np.asarray(v) if isinstance(v, da.Array) else v for v in args]
+        with pytest.raises((TypeError, ValueError)) as expected:
+            numpy_fn(*arrays, **kwargs)
+        with pytest.raises(type(expected.value)) as got:
+            dask_fn(*args, **kwargs)
+        assert str(got.value) == str(expected.value)
+
+    with pytest.raises(TypeError, match=r"dask\.array\.Array"):
+        nkd.layer_normalization(X, S)
+    with pytest.raises(TypeError, match=r"dask\.array\.Array"):
+        nkd.rms_normalization(X, S)
+    same_error(Xd, S, axis=2)
+    same_error(Xd, S, axis=-3, rms=True)
+    same_error(Xd, S, axis=1.0)
+    same_error(Xd, S, stash_type=2)
+    same_error(Xd, S, stash_type=99, rms=True)
+    same_error(Xd, S, num_outputs=4)
+    same_error(Xd, S.astype(F64))  # Scale's dtype is not X's
+    same_error(Xd, S, B.astype(F16))
+    same_error(Xd, S[:5])
+    same_error(Xd, np.ones((2, 6), F32), rms=True)
+    same_error(Xd, S, epsilon=float("nan"))
+    same_error(Xd, S, opset=16)
+    same_error(Xd, S, opset=22, rms=True)
+    same_error(da.from_array(X.astype(np.int32)), S, rms=True)
+    same_error(da.from_array(np.zeros((3, 0), F32)), np.ones(0, F32))
+    same_error(da.from_array(np.float32(1)), np.float32(1), rms=True)
