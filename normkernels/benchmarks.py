@@ -76,6 +76,18 @@ WORKLOADS = [
     Workload("instnorm-512-f16", "instancenorm", (1, 32, 512, 512), "float16", "NCX"),
     Workload("instnorm-512-bf16", "instancenorm", (1, 32, 512, 512), "bfloat16", "NCX"),
     Workload("instnorm-14x14-f32", "instancenorm", (32, 256, 14, 14), "float32", "NCX"),
+    # row normalizations: (rows, hidden); the shapes and a warm one (BERT-base)
+    Workload("layernorm-8192x4096-f32", "layernorm", (8192, 4096), "float32"),
+    Workload("layernorm-16384x768-f32", "layernorm", (16384, 768), "float32"),
+    Workload("layernorm-128x768-f32", "layernorm", (128, 768), "float32"),
+    Workload("layernorm-8192x4096-f16", "layernorm", (8192, 4096), "float16"),
+    Workload("layernorm-8192x4096-bf16", "layernorm", (8192, 4096), "bfloat16"),
+    Workload("rmsnorm-8192x4096-f32", "rmsnorm", (8192, 4096), "float32"),
+    Workload("rmsnorm-16384x768-f32", "rmsnorm", (16384, 768), "float32"),
+    Workload("rmsnorm-128x768-f32", "rmsnorm", (128, 768), "float32"),
+    Workload("rmsnorm-8192x4096-bf16", "rmsnorm", (8192, 4096), "bfloat16"),
+    Workload("skip-layernorm-8192x4096-f32", "skip-layernorm", (8192, 4096), "float32"),
+    Workload("skip-layernorm-128x768-f32", "skip-layernorm", (128, 768), "float32"),
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -85,9 +97,11 @@ SUITES = {
     "default": ["resnet-stem-f32-ncx", "resnet-stem-f32-nxc", "resnet-stem-f16-ncx",
                 "resnet-stem-bf16-ncx", "resnet-stem-bf16-nxc-onednn",
                 "train-resnet-stem-f32-ncx", "train-resnet-stem-f32-nxc", "resnet-last-f32",
-                "dense-f32", "instnorm-style-f32-ncx", "tiny-f32"],
+                "dense-f32", "instnorm-style-f32-ncx", "tiny-f32", "layernorm-16384x768-f32",
+                "layernorm-128x768-f32"],
     "quick": ["resnet-stem-f32-ncx", "train-resnet-stem-f32-ncx", "instnorm-512-f32",
               "tiny-f32"],
+    "rows": [w.name for w in WORKLOADS if w.operator.rows],
     "all": [w.name for w in WORKLOADS],
 }
 

@@ -39,6 +39,7 @@ TRAINING = ["tests/test_training.py", "tests/test_paths.py", "tests/test_roundin
 INSTANCE = ["tests/test_instance_normalization.py", "tests/test_paths.py",
             "tests/test_rounding.py", "-k", "instance"]
 MOMENTS = ["tests/test_training.py", "tests/test_paths.py", "-k", "moments"]
+ROWS = ["tests/test_paths.py", "-k", "layer or rms or skip or rows"]
 FAMILIES = {"bn": BN, "onednn": ONEDNN, "training": TRAINING, "instance": INSTANCE}
 SIXTEEN_BIT_OUTPUT = ("bn", "onednn", "training", "instance")
 
@@ -73,6 +74,9 @@ BINDING = "normkernels/binding.py"
 COMMON = "normkernels/ops/common.py"
 BN_SPEC = "normkernels/ops/batch_normalization.py"
 CACHE = "normkernels/kernels/cache.py"
+ROWS_K = "normkernels/kernels/rows.py"
+ROWS_SPEC = "normkernels/ops/rows.py"
+LN_SPEC = "normkernels/ops/layer_normalization.py"
 
 # bfloat16 narrowing: scalar bits path without the rounding bias, and the vector
 # bodies sent to that path instead of fptrunc
@@ -267,6 +271,51 @@ MUTATIONS = [
     mutation("corrupt-cache-raises", "a corrupt kernel cache file raises into the call", [
         (CACHE, "\n_tolerate_unreadable_files()\n",
          "\n")], ["tests/test_reliability.py", "-k", "corrupt_cache"]),
+    mutation("epsilon-dropped/rows", "row normalizations fold a = 1 / sqrt(var)", [
+        (ROWS_K, "inv = 1.0 / math.sqrt(var + epsilon)", "inv = 1.0 / math.sqrt(var)")], ROWS),
+    mutation("mean-residual-not-folded/rows", "row normalizations round the float64 row "
+             "mean to float32 and drop its residual", [
+                 (ROWS_K, "c[r] = -((mean - np.float64(m[r])) * inv)", "c[r] = -0.0")],
+             ["tests/test_rows.py"]),
+    mutation("one-pass-variance/rows", "row variance as E[x^2] - E[x]^2 (the function "
+             "body's formula)", [
+                 (ROWS_K, "        d = np.float64(load(xs, i)) - mean\n        q += d * d\n"
+                  "    return mean, q\n",
+                  "        v = np.float64(load(xs, i))\n        q += v * v\n"
+                  "    return mean, q - n * mean * mean\n")], ["tests/test_rows.py"]),
+    mutation("columns-at-row-offset/rows", "the row vector reads the column tables at the "
+             "element's offset in X instead of its column", [
+                 (VECTORS, "sig.args[k], args[k], j),", "sig.args[k], args[k], xi),")], ROWS),
+    mutation("skip-not-repeated/rows", "a skip of (seq, hidden) is not repeated over the "
+             "batch", [(ROWS_K, "(r % n_skip) * K, bias", "min(r, n_skip - 1) * K, bias")],
+             ["tests/test_rows.py", "-k", "skip"]),
+    mutation("split-merge-reversed/rows", "the split path merges a row's chunks last to "
+             "first (the fused path merges them in order)", [
+                 (ROWS_K, "            for k in range(part_m2.shape[1]):\n"
+                  "                size = min(K - k * PLANE_CHUNK, PLANE_CHUNK)\n",
+                  "            for k in range(part_m2.shape[1] - 1, -1, -1):\n"
+                  "                size = min(K - k * PLANE_CHUNK, PLANE_CHUNK)\n")],
+             ["tests/test_paths.py", "-k", "same_bits"]),
+    mutation("short-rows-mean/rows", "rows shorter than SHORT_ROW: deviations from 0, not "
+             "from the mean", [
+                 (ROWS_K, "        d = np.float64(load(x, o + i)) - mu\n",
+                  "        d = np.float64(load(x, o + i))\n")], ROWS),
+    mutation("narrow-shift-not-corrected/rows", "16-bit rows: the shift's error not "
+             "removed (M2 = s2)", [
+                 (ROWS_K, "return ok, np.float64(shift) + s1 / n, s2 - s1 * s1 / n",
+                  "return ok, np.float64(shift) + s1 / n, s2")], ["tests/test_rows.py"]),
+    mutation("stash-bfloat16-as-float32", "stash_type 16 gives float32 statistics", [
+        (LN_SPEC, "STASH_TYPES = {1: FLOAT32, 16: BFLOAT16, 11: FLOAT64}",
+         "STASH_TYPES = {1: FLOAT32, 16: FLOAT32, 11: FLOAT64}")], ["tests/test_rows.py"]),
+    mutation("broadcast-leading-axes-ignored/rows", "Scale varying along the leading axes "
+             "taken as its first row", [
+                 (ROWS_SPEC, "        if any(d != 1 for d in p.shape[:lead]):\n"
+                  "            return None\n        p = p.reshape(p.shape[lead:])",
+                  "        p = p[(0,) * lead]")], ["tests/test_rows.py"]),
+    mutation("row-plan-sharing-unchecked", "a row plan writes into an out that shares "
+             "memory with Scale", [
+                 (ROWS_SPEC, "elif not out.flags.writeable or plans.shares(out, X, params):",
+                  "elif not out.flags.writeable:")], ["tests/test_plans.py", "-k", "row"]),
     mutation("error-names-nothing", "a wrong parameter length is reported without naming "
              "the parameter", [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',
