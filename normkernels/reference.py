@@ -26,7 +26,7 @@ What is bit-identical to the kernels:
 import numpy as np
 
 from normkernels.engine import Engine
-from normkernels.kernels.storage import FLOAT64, compute_dtype
+from normkernels.kernels.storage import FLOAT64, compute_dtype, row_compute_dtype
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import instance_normalization as _in
@@ -135,8 +135,8 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE):
 
 def skip_sums(x, skip, bias):
     """onnxruntime's skip add: ``(x + skip) + bias`` per row (skip rows repeating over
-    x's rows) in the compute dtype, rounded once to x's dtype."""
-    cd = compute_dtype(x.dtype)
+    x's rows) in the row compute dtype, rounded once to x's dtype."""
+    cd = row_compute_dtype(x.dtype)
     with np.errstate(all="ignore"):
         total = (x.astype(cd).reshape(-1, *skip.shape) + skip.astype(cd)).reshape(x.shape)
         if bias is not None:
@@ -185,14 +185,15 @@ def fold_parameters(scale, B, mean, var, epsilon, dtype):
 
 
 def fold_rows(mean, var, epsilon, centered, dtype):
-    """Per-row ``(m, a, c)`` in the compute dtype of ``dtype`` such that ``(x - m) * a
-    + c`` is ``(x - mean) / sqrt(var + epsilon)``: the rule the row kernels follow
-    (:func:`normkernels.kernels.rows.fold_row`). ``a`` is computed in float64 and
-    rounded once; ``m`` is the mean rounded to the compute dtype and ``c`` the residual
-    ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite), or ``-0.0``,
-    which adds nothing, not even to a negative zero. Not ``centered`` (RMS): ``m = 0``
-    and ``c = -0.0``: ``x * a`` exactly."""
-    cd = compute_dtype(dtype)
+    """Per-row ``(m, a, c)`` in the row compute dtype of ``dtype`` (float32 for 16-bit
+    X, else float64: :func:`normkernels.kernels.storage.row_compute_dtype`) such that
+    ``(x - m) * a + c`` is ``(x - mean) / sqrt(var + epsilon)``: the rule the row
+    kernels follow (:func:`normkernels.kernels.rows.fold_row`). ``a`` is computed in
+    float64 and rounded once; ``m`` is the mean rounded to the compute dtype and ``c``
+    the residual ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite),
+    or ``-0.0``, which adds nothing, not even to a negative zero. Not ``centered``
+    (RMS): ``m = 0`` and ``c = -0.0``: ``x * a`` exactly."""
+    cd = row_compute_dtype(dtype)
     with np.errstate(all="ignore"):
         inv = 1.0 / np.sqrt(var + epsilon)
         a = inv.astype(cd)

@@ -16,7 +16,13 @@ from normkernels.kernels import inference, instance, rows
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE
-from normkernels.kernels.storage import FLOAT32, FLOAT64, compute_dtype, storage_view
+from normkernels.kernels.storage import (
+    FLOAT32,
+    FLOAT64,
+    compute_dtype,
+    row_compute_dtype,
+    storage_view,
+)
 
 
 def _views(x, y):
@@ -191,12 +197,15 @@ class NumbaEngine(Engine):
             with launch_guard(path):
                 kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, epsilon, centered, mean, var)
             return mean, var
+        # "none" is an empty array of its own: a slice of X would be read-only when X is,
+        # and the kernel (typed for writing into sums) would not compile
+        none = _nothing(xs.dtype)
         if skip is None:
-            skip_s, bias_t = xs[:0], s[:0]
+            skip_s, bias_t = none, s[:0]
         else:
             skip_s = storage_view(skip).ravel()
             bias_t = s[:0] if bias is None else _column(bias)
-        sums_s = xs[:0] if sums is None else storage_view(sums).ravel()
+        sums_s = none if sums is None else storage_view(sums).ravel()
         took("rows", "fused", path)
         if path == "serial":
             rows.rows_serial(xs, xr, ys, yr, K, s, b, epsilon, centered, mean, var, skip_s,
@@ -293,6 +302,17 @@ def _row_moments(xs, P, C, S, count, mean, m2, path):
 
 
 
+_NOTHING = {}
+
+
+def _nothing(dtype):
+    """An empty writeable array of ``dtype`` (one per dtype, shared: it holds nothing)."""
+    empty = _NOTHING.get(dtype)
+    if empty is None:
+        empty = _NOTHING[dtype] = np.empty(0, dtype)
+    return empty
+
+
 def _column(p):
     """Per-column parameters for the row kernels: C-contiguous, storage dtype (the
     kernels widen them)."""
@@ -313,7 +333,7 @@ def _flat_rows(a):
 def _add_skip(x, skip, bias, target):
     """``target = x + skip + bias`` per row (skip rows repeating), rounded once to
     x's dtype: the arithmetic of the fused kernel's skip add."""
-    cd = compute_dtype(x.dtype)
+    cd = row_compute_dtype(x.dtype)
     reps = x.shape[0] // skip.shape[0]
     with np.errstate(all="ignore"):
         total = (x.astype(cd).reshape(reps, skip.shape[0], -1) + skip.astype(cd)).reshape(x.shape)

@@ -175,3 +175,30 @@ def item_bytes(arr):
 def _item_bytes_impl(arr):
     size = arr.dtype.bitwidth // 8
     return lambda arr: size
+
+
+def row_compute_empty(arr, n):
+    """A new array of ``n`` elements in the row kernels' compute dtype for storage
+    array ``arr``: float32 for 16-bit storage, float64 otherwise (float32 rows are
+    normalized in float64: Y is then rounded once); ``@njit`` code only."""
+    raise NotImplementedError("row_compute_empty is only callable from @njit code")
+
+
+@overload(row_compute_empty, inline="always")
+def _row_compute_empty_impl(arr, n):
+    if arr.dtype.bitwidth == 16:
+        return lambda arr, n: np.empty(n, np.float32)
+    return lambda arr, n: np.empty(n, np.float64)
+
+
+def row_load(arr, i):
+    """Element ``i`` widened to the row kernels' compute dtype (see
+    :func:`row_compute_empty`); ``@njit`` code only."""
+    raise NotImplementedError("row_load is only callable from @njit code")
+
+
+@overload(row_load, inline="always")
+def _row_load_impl(arr, i):
+    if arr.dtype.bitwidth == 16:
+        return lambda arr, i: load(arr, i)
+    return lambda arr, i: np.float64(arr[i])

@@ -41,7 +41,7 @@ from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
-from normkernels.kernels.elements import compute_empty, item_bytes, load, store
+from normkernels.kernels.elements import item_bytes, load, row_compute_empty, row_load, store
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
@@ -233,7 +233,7 @@ def stream_row(x, xi, y, yi, m, a, c, s, b, j):
 @njit(**_INLINE)
 def _scalar_run(x, xo, y, yo, n, m, a, c, s, b, j):
     for i in range(n):
-        store(y, yo + i, ((load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i])
+        store(y, yo + i, ((row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i])
 
 
 @njit(**_INLINE)
@@ -254,7 +254,7 @@ def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector):
 @njit(**_INLINE)
 def _add_row(x, xo, skip, so, bias, dest, do, K):
     for i in range(K):
-        store(dest, do + i, (load(x, xo + i) + load(skip, so + i)) + bias[i])
+        store(dest, do + i, (row_load(x, xo + i) + row_load(skip, so + i)) + bias[i])
 
 
 @njit(**_INLINE)
@@ -299,7 +299,7 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
 def column_table(x, p, K):
     """Parameters ``p`` (any storage dtype; empty: none) as ``K`` compute-dtype values
     per column; none is ``-0.0``, which adds nothing (not even to a negative zero)."""
-    t = compute_empty(x, K)
+    t = row_compute_empty(x, K)
     if p.size == 0:
         t[:] = -0.0
     else:
@@ -313,7 +313,7 @@ def _prepare(x, K, scale, B, bias, M):
     """The column tables and room for the row scalars. Not inlined: inside a parallel
     kernel ``t[:] = -0.0`` became a parallel region of its own (120 us a call)."""
     return (column_table(x, scale, K), column_table(x, B, K), column_table(x, bias, K),
-            compute_empty(x, M), compute_empty(x, M), compute_empty(x, M))
+            row_compute_empty(x, M), row_compute_empty(x, M), row_compute_empty(x, M))
 
 
 @njit(**KERNEL_OPTIONS)

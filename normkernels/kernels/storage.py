@@ -31,3 +31,10 @@ def storage_view(arr):
     if dtype == FLOAT32 or dtype == FLOAT64:
         return arr
     return arr.view(STORAGE_DTYPE[dtype])
+
+
+def row_compute_dtype(dtype):
+    """Arithmetic dtype of the row normalization kernels: float32 for 16-bit tensors,
+    float64 otherwise (float32 rows are normalized in float64 and rounded once: the
+    float32 chain of the per-channel kernels reached 2.3 ulp)."""
+    return FLOAT32 if dtype.itemsize == 2 else FLOAT64

@@ -270,10 +270,16 @@ def _split_intrinsic(nontemporal):
     return intrinsic(typer)
 
 
+def _row_compute_type(y):
+    """The row kernels' arithmetic: float32 for 16-bit storage, else float64 (float32
+    rows are normalized in float64 and rounded once)."""
+    return types.float32 if y.dtype.bitwidth == 16 else types.float64
+
+
 def _row_codegen(nontemporal):
     """``y[yi] = ((x[xi] - m) * a + c) * s[j] + b[j]`` (one vector each): a run of a row
     of a row normalization (scalars ``m, a, c`` of the row, tables ``s, b`` of its
-    columns)."""
+    columns), in :func:`_row_compute_type`."""
 
     def codegen(context, builder, sig, args):
         xty, yty = sig.args[0], sig.args[2]
@@ -283,12 +289,17 @@ def _row_codegen(nontemporal):
                           lanes, elem, xty.dtype.bitwidth // 8)
         if widen is not None:
             xv = widen(builder, xv, lanes)
+        wide = yty.dtype == types.float32  # float32 storage, float64 arithmetic
+        if wide:
+            xv = builder.fpext(xv, ir.VectorType(_F64, lanes))
         m, a, c = (_broadcast(builder, args[k], lanes) for k in (4, 5, 6))
         s, b = (_load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], j),
                              lanes, xv.type.element, sig.args[k].dtype.bitwidth // 8)
                 for k in (7, 8))
         normalized = builder.fadd(builder.fmul(builder.fsub(xv, m), a), c)
         yv = builder.fadd(builder.fmul(normalized, s), b)
+        if wide:
+            yv = builder.fptrunc(yv, ir.VectorType(_F32, lanes))
         if narrow is not None:
             yv = narrow(builder, yv, lanes)
         _store(context, builder, yty, args[2], yi, yv, nontemporal)
@@ -301,9 +312,10 @@ def _row_intrinsic(nontemporal):
     def typer(typingctx, x, xi, y, yi, m, a, c, s, b, j):
         if not _arrays_ok(x, y, xi) or not all(isinstance(t, types.Integer) for t in (yi, j)):
             return None
-        if any(t != _compute_type(y) for t in (m, a, c)):
+        if any(t != _row_compute_type(y) for t in (m, a, c)):
             return None
-        if not all(isinstance(t, types.Array) and t.dtype == _compute_type(y) for t in (s, b)):
+        if not all(isinstance(t, types.Array) and t.dtype == _row_compute_type(y)
+                   for t in (s, b)):
             return None
         return types.void(x, xi, y, yi, m, a, c, s, b, j), _row_codegen(nontemporal)
 

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.kernels.storage import FLOAT64, compute_dtype
+from normkernels.kernels.storage import FLOAT32, FLOAT64, row_compute_dtype
 from normkernels.ops import common, plans
 
 
@@ -111,9 +111,9 @@ def check_out(label, out, X, params, dtype=None):
 
 
 def wide_dtype(*dtypes):
-    """The compute dtype that holds every one of ``dtypes`` exactly."""
-    return FLOAT64 if any(compute_dtype(d) == FLOAT64 for d in dtypes) else compute_dtype(
-        dtypes[0])
+    """The row compute dtype that holds every one of ``dtypes`` exactly (float32 only
+    when all are 16-bit)."""
+    return FLOAT64 if any(row_compute_dtype(d) == FLOAT64 for d in dtypes) else FLOAT32
 
 
 def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, out_dtype=None,

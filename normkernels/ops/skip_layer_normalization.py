@@ -15,6 +15,8 @@ registers it). ``output`` is the normalization of ``s`` as rounded to T, so it e
 :func:`normkernels.layer_normalization` of ``input_skip_bias_sum``.
 """
 
+import math
+
 import numpy as np
 
 from normkernels.ops import common, plans, rows
@@ -66,16 +68,15 @@ def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon
         common.check_dtype(label, name, arr, ALL_FLOATS)
     common.check_same_dtype(label, "T", arrays)
     X = arrays["input"]
+    hidden = X.shape[-1] if X.ndim else 0
+    if X.ndim in (2, 3) and hidden == 0 and X.size == 0 and math.prod(X.shape[:-1]) > 0:
+        raise ValueError(f"{label}: input of shape {X.shape} has rows of zero elements: "
+                         "their statistics are undefined")
     skip_rows = _skip_rows(label, X, arrays["skip"])
-    hidden = X.shape[-1]
     for name in ("gamma", "beta", "bias"):
         if name in arrays and arrays[name].shape != (hidden,):
             raise ValueError(f"{label}: {name} must have shape ({hidden},) (hidden), got "
                              f"{arrays[name].shape}")
-    M = int(np.prod(X.shape[:-1]))
-    if hidden == 0 and M > 0:
-        raise ValueError(f"{label}: input of shape {X.shape} has rows of zero elements: "
-                         "their statistics are undefined")
     others = {k: v for k, v in arrays.items() if k != "input"}
     if out is not None:
         rows.check_out(label, out, X, others)
@@ -83,7 +84,7 @@ def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon
     Y, mean, var = rows.normalize(
         X, X.ndim - 1, arrays["gamma"], arrays.get("beta"), eps, centered, engine, path, out,
         skip=skip_rows, bias=arrays.get("bias"),
-        sums=None if sums is None else sums.reshape(M, hidden))
+        sums=None if sums is None else sums.reshape(-1, hidden))
     shape = rows.statistics_shape(X.shape, X.ndim - 1)
 
     def finish(Y, mean, var):
