@@ -309,10 +309,12 @@ def column_table(x, p, K):
 
 
 @njit(**KERNEL_OPTIONS)
-def _prepare(x, K, scale, B, bias, M):
-    """The column tables and room for the row scalars. Not inlined: inside a parallel
-    kernel ``t[:] = -0.0`` became a parallel region of its own (120 us a call)."""
-    return (column_table(x, scale, K), column_table(x, B, K), column_table(x, bias, K),
+def _prepare(x, K, scale, B, bias, M, skip):
+    """The column tables (the bias table only with ``skip``) and room for the row
+    scalars. Not inlined: inside a parallel kernel ``t[:] = -0.0`` became a parallel
+    region of its own (120 us a call)."""
+    return (column_table(x, scale, K), column_table(x, B, K),
+            column_table(x, bias, K if skip.size > 0 else 0),
             row_compute_empty(x, M), row_compute_empty(x, M), row_compute_empty(x, M))
 
 
@@ -324,7 +326,7 @@ def rows_serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, b
     ``skip`` (contiguous rows of ``K``; row ``r`` adds skip row ``r % rows``) empty
     means no skip; ``sums`` (contiguous ``M x K``) empty means the sums are not kept."""
     M = mean.size
-    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M)
+    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     _rows(x, xr, y, yr, K, 0, M, s, b, epsilon, centered, mean, var, m, a, c, skip, bias_t,
           sums, vector_row)
 
@@ -334,7 +336,7 @@ def rows_parallel(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, m
                   bias, sums):
     """:func:`rows_serial`, items of ``rows_per_item`` rows in parallel."""
     M = mean.size
-    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M)
+    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
         _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
@@ -346,7 +348,7 @@ def rows_streaming(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, 
                    skip, bias, sums):
     """:func:`rows_parallel` with streaming stores."""
     M = mean.size
-    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M)
+    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
         _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
@@ -394,33 +396,45 @@ def merge_partials(part_mean, part_m2, K, centered, mean, var):
             mean[r], var[r] = 0.0, total / K
 
 
+@njit(**KERNEL_OPTIONS)
+def _fold_all(x, mean, var, epsilon, centered):
+    m, a, c = row_compute_empty(x, mean.size), row_compute_empty(x, mean.size), \
+        row_compute_empty(x, mean.size)
+    for r in range(mean.size):
+        fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
+    return m, a, c
+
+
+@njit(**_INLINE)
+def _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, vector):
+    """Item ``item`` of the (row, run) items: its run of the row, with column tables
+    of that run only, widened here (few long rows: tables of the whole row cost two
+    more passes over memory the size of X, on one thread)."""
+    r = item // runs
+    lo = (item % runs) * run
+    n = min(K - lo, run)
+    s = column_table(x, scale[lo:lo + n], n)
+    b = column_table(x, B[lo:lo + n] if B.size > 0 else B, n)
+    normalize_run(x, r * xr + lo, y, r * yr + lo, n, m[r], a[r], c[r], s, b, 0, vector)
+
+
 @njit(parallel=True, **KERNEL_OPTIONS)
 def normalize_parallel(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var):
     """Y from the rows' statistics (folded here) over (row, ``run`` columns) items in
     parallel."""
-    s, b, _, m, a, c = _prepare(x, K, scale, B, B[:0], mean.size)
-    for r in range(mean.size):
-        fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
+    m, a, c = _fold_all(x, mean, var, epsilon, centered)
     runs = (K + run - 1) // run
     for item in prange(m.size * runs):
-        r = item // runs
-        lo = (item % runs) * run
-        normalize_run(x, r * xr + lo, y, r * yr + lo, min(K - lo, run), m[r], a[r], c[r], s,
-                      b, lo, vector_row)
+        _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, vector_row)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
 def normalize_streaming(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var):
     """:func:`normalize_parallel` with streaming stores."""
-    s, b, _, m, a, c = _prepare(x, K, scale, B, B[:0], mean.size)
-    for r in range(mean.size):
-        fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
+    m, a, c = _fold_all(x, mean, var, epsilon, centered)
     runs = (K + run - 1) // run
     for item in prange(m.size * runs):
-        r = item // runs
-        lo = (item % runs) * run
-        normalize_run(x, r * xr + lo, y, r * yr + lo, min(K - lo, run), m[r], a[r], c[r], s,
-                      b, lo, stream_row)
+        _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, stream_row)
         store_fence()
 
 

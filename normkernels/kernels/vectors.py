@@ -296,7 +296,9 @@ def _row_codegen(nontemporal):
         s, b = (_load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], j),
                              lanes, xv.type.element, sig.args[k].dtype.bitwidth // 8)
                 for k in (7, 8))
-        normalized = builder.fadd(builder.fmul(builder.fsub(xv, m), a), c)
+        normalized = builder.fmul(builder.fsub(xv, m), a)
+        if xv.type.element != _F64:  # float64 arithmetic: c is -0.0, which adds nothing
+            normalized = builder.fadd(normalized, c)
         yv = builder.fadd(builder.fmul(normalized, s), b)
         if wide:
             yv = builder.fptrunc(yv, ir.VectorType(_F32, lanes))
