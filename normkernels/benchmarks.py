@@ -40,7 +40,9 @@ class Workload:
 
     @property
     def layout_shape(self):
-        if self.data_format == "NXC" and len(self.shape) > 2:
+        """X's shape: the NCX shape, channels moved last for NXC (row normalizations:
+        the shape as given, whatever the layout)."""
+        if self.data_format == "NXC" and len(self.shape) > 2 and not self.operator.rows:
             return (self.shape[0], *self.shape[2:], self.shape[1])
         return self.shape
 

@@ -50,7 +50,7 @@ from normkernels.kernels.options import (
     VECTOR_BYTES,
 )
 from normkernels.kernels.scale_shift import store_fence
-from normkernels.kernels.statistics import NARROW_RUN, PLANE_CHUNK, _narrow_deviation, chan_merge
+from normkernels.kernels.statistics import NARROW_RUN, PLANE_CHUNK, _span_narrow, chan_merge
 from normkernels.kernels.vectors import stream_normalize_row, vector_normalize_row
 
 _INLINE = INLINE_OPTIONS
@@ -70,43 +70,6 @@ def _wide_moments(xs):
         d = np.float64(load(xs, i)) - mean
         q += d * d
     return mean, q
-
-
-@njit(**MOMENTS_OPTIONS)
-def _narrow_moments(xs):
-    """``(ok, mean, M2)`` with float32 arithmetic: a rough mean (float32 runs of
-    NARROW_RUN joined in float64) as the shift, then the shifted sums ``s1 = sum(d)``
-    and ``s2 = sum(d * d)`` (``d = x - shift``, float32 runs joined in float64), and the
-    corrected two-pass result ``mean = shift + s1 / n``, ``M2 = s2 - s1**2 / n``,
-    which removes the shift's error to first order. Each lane of a run sums a few
-    terms, so M2 is within a few float32 ulps, relative (docs/design.md). ``ok`` is
-    False when a sum is not finite (NaN or Inf in X, or squares beyond float32): the
-    caller then takes the float64 passes."""
-    n = xs.size
-    total = 0.0
-    for lo in range(0, n, NARROW_RUN):
-        run = xs[lo:min(n, lo + NARROW_RUN)]
-        r = np.float32(0.0)
-        for i in range(run.size):
-            r += load(run, i)
-        total += np.float64(r)
-    shift = np.float32(total / n)
-    if not math.isfinite(shift):
-        shift = np.float32(0.0)
-    s1 = 0.0
-    s2 = 0.0
-    for lo in range(0, n, NARROW_RUN):
-        run = xs[lo:min(n, lo + NARROW_RUN)]
-        r1 = np.float32(0.0)
-        r2 = np.float32(0.0)
-        for i in range(run.size):
-            d = _narrow_deviation(run, i, shift)
-            r1 += d
-            r2 += d * d
-        s1 += np.float64(r1)
-        s2 += np.float64(r2)
-    ok = math.isfinite(s1) and math.isfinite(s2)
-    return ok, np.float64(shift) + s1 / n, s2 - s1 * s1 / n
 
 
 @njit(**MOMENTS_OPTIONS)
@@ -139,14 +102,15 @@ def _wide_squares(xs):
 
 @njit(**MOMENTS_OPTIONS)
 def chunk_moments(x, o, n):
-    """(mean, M2) of ``x[o:o+n]``: float32 arithmetic (:func:`_narrow_moments`) for
-    16-bit X (twice the elements per byte: the float64 passes made bfloat16 rows
+    """(mean, M2) of ``x[o:o+n]``: float32 arithmetic (``statistics._span_narrow``:
+    shifted sums in float32 runs joined in float64, float64 passes where they cancel or
+    overflow) for 16-bit X (twice the elements per byte: the float64 passes made bfloat16 rows
     compute-bound, 65 us against 45 for 64 rows of 4096), float64 passes for float32
     and float64 X (float32 runs gained 5% there and cost the float64 accuracy) or
     where float32 overflows."""
     xs = x[o:o + n]
     if item_bytes(xs) == 2:
-        ok, mean, q = _narrow_moments(xs)
+        ok, mean, q = _span_narrow(xs)  # the other statistics' 16-bit path
         if ok:
             return mean, q
     return _wide_moments(xs)
