@@ -68,7 +68,7 @@ def test_workload_inputs_match_their_description():
         if w.operator.skip:  # onnxruntime's skip input comes first, of X's shape
             assert params[0].shape == X.shape
             params = params[1:]
-        assert params and all(p.shape == (w.channels,) for p in params)
+        assert all(p.shape == (w.channels,) for p in params)
 
 
 def test_bench_command(tmp_path, capsys):
