@@ -5,10 +5,12 @@ kernel compiles on its first call per (dtype, layout), then comes from the disk 
 """
 
 __version__ = "0.1.0"
-__all__ = ["batch_norm_inference", "batch_normalization", "bind", "instance_normalization",
-           "layer_norm", "layer_normalization", "merge_moments", "moments", "partial_moments",
-           "rms_norm", "rms_normalization", "simplified_layer_normalization",
-           "skip_layer_normalization", "skip_simplified_layer_normalization"]
+__all__ = ["batch_norm_inference", "batch_normalization", "bind", "group_norm",
+           "group_normalization", "instance_normalization", "layer_norm",
+           "layer_normalization", "lp_normalization", "lrn", "mean_variance_normalization",
+           "merge_moments", "moments", "partial_moments", "rms_norm", "rms_normalization",
+           "simplified_layer_normalization", "skip_layer_normalization",
+           "skip_simplified_layer_normalization"]
 
 
 def __getattr__(name):

@@ -90,6 +90,19 @@ WORKLOADS = [
     Workload("rmsnorm-8192x4096-bf16", "rmsnorm", (8192, 4096), "bfloat16"),
     Workload("skip-layernorm-8192x4096-f32", "skip-layernorm", (8192, 4096), "float32"),
     Workload("skip-layernorm-128x768-f32", "skip-layernorm", (128, 768), "float32"),
+    # group normalizations: a Stable Diffusion U-Net block and a style-transfer layer
+    Workload("groupnorm-sd-f32-ncx", "groupnorm", (2, 320, 64, 64), "float32", "NCX"),
+    Workload("groupnorm-sd-f32-nxc", "groupnorm", (2, 320, 64, 64), "float32", "NXC"),
+    Workload("groupnorm-style-f32-ncx", "groupnorm", (8, 64, 256, 256), "float32", "NCX"),
+    Workload("groupnorm-style-f32-nxc", "groupnorm", (8, 64, 256, 256), "float32", "NXC"),
+    Workload("groupnorm-style-f16-ncx", "groupnorm", (8, 64, 256, 256), "float16", "NCX"),
+    Workload("groupnorm-style-bf16-ncx", "groupnorm", (8, 64, 256, 256), "bfloat16", "NCX"),
+    Workload("groupnorm-sd-bf16-nxc-onednn", "groupnorm-onednn", (2, 320, 64, 64), "bfloat16",
+             "NXC"),
+    Workload("mvn-resnet-stem-f32", "mvn", STEM, "float32", "NCX"),
+    Workload("lpnorm-8192x4096-f32", "lpnorm", (8192, 4096), "float32"),
+    Workload("lrn-32x64x56x56-f32", "lrn", (32, 64, 56, 56), "float32", "NCX"),
+    Workload("lrn-32x64x56x56-f32-nxc", "lrn", (32, 64, 56, 56), "float32", "NXC"),
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -104,6 +117,7 @@ SUITES = {
     "quick": ["resnet-stem-f32-ncx", "train-resnet-stem-f32-ncx", "instnorm-512-f32",
               "tiny-f32"],
     "rows": [w.name for w in WORKLOADS if w.operator.rows],
+    "groups": [w.name for w in WORKLOADS if w.operator.family in ("group", "mvn", "lp", "lrn")],
     "all": [w.name for w in WORKLOADS],
 }
 

@@ -42,6 +42,7 @@ import numpy as np
 import normkernels
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import common
+from normkernels.ops import group_normalization as _gn
 from normkernels.ops import instance_normalization as _in
 from normkernels.ops import layer_normalization as _ln
 from normkernels.ops import rms_normalization as _rms
@@ -323,6 +324,65 @@ def instance_normalization(input, scale, B, *, epsilon=None, opset=22, data_form
 
     return da.blockwise(normalize, index, input, index, params[0], (c_axis,), params[1],
                         (c_axis,), mean, (0, c_axis), var, (0, c_axis), dtype=input.dtype,
+                        concatenate=True)
+
+
+def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None,
+                        opset=21, data_format="NCX", compute_statistics=False):
+    """:func:`normkernels.group_normalization` on a dask array chunked along any axes
+    (a chunk may split a group): per-(n, c) partial moments by the tree reduction of
+    :func:`instance_normalization`, merged per (n, group) by Chan's formula (the
+    group's channels in order), then a blockwise normalize of every sample with its
+    groups' statistics (``compute_statistics``: as in :func:`batch_normalization`)."""
+    da = _check(X)
+    version = _gn.version_for(opset)
+    label = version.label(_gn.OP)
+    attrs = common.resolve_attributes(label, version, {"epsilon": epsilon,
+                                                       "stash_type": stash_type})
+    eps = common.check_epsilon(label, attrs["epsilon"])
+    if "stash_type" in attrs:
+        _ln.stash_dtype(label, attrs["stash_type"], _gn.STASH_TYPES)
+    c_axis = _channel_axis(X, data_format)
+    C = X.shape[c_axis]
+    G = _gn.check_groups(label, "num_groups", num_groups, C)
+    scale, bias = da.asarray(scale), da.asarray(bias)
+    for name, arr in (("X", X), ("scale", scale), ("bias", bias)):
+        common.check_dtype(label, name, arr, version.dtypes)
+    common.check_same_dtype(label, "T", {"X": X, "scale": scale, "bias": bias})
+    if version.per_group:  # opset 18: one value per group, each channel takes its group's
+        for name, p in (("scale", scale), ("bias", bias)):
+            if p.shape != (G,):
+                raise ValueError(f"{label}: {name} must have shape ({G},), one value per "
+                                 f"group, got shape {p.shape}")
+        scale, bias = da.repeat(scale, C // G), da.repeat(bias, C // G)
+    params = [_per_channel(p, X, c_axis) for p in (scale, bias)]
+    part = _reduce(X, data_format, True, None)  # (N, C) partials
+    N, Cg = X.shape[0], C // G
+    count = part["count"].reshape(N, G, Cg)
+    mean = part["mean"].reshape(N, G, Cg)
+    m2 = part["M2"].reshape(N, G, Cg)
+    total = count.sum(axis=2, keepdims=True)
+    group_mean = (count * mean).sum(axis=2, keepdims=True) / total
+    group_m2 = (m2 + count * (mean - group_mean) ** 2).sum(axis=2, keepdims=True)
+    chunks = (X.chunks[0], X.chunks[c_axis])
+    mean_c = da.broadcast_to(group_mean, (N, G, Cg)).reshape(N, C).rechunk(chunks)
+    var_c = da.broadcast_to(group_m2 / total, (N, G, Cg)).reshape(N, C).rechunk(chunks)
+    if compute_statistics:
+        import dask
+
+        mean_c, var_c = (da.from_array(v, chunks=chunks) for v in dask.compute(mean_c, var_c))
+    index = tuple(range(X.ndim))
+
+    def normalize(block, s, b, m, v):
+        out = np.empty_like(block)
+        for n in range(block.shape[0]):
+            out[n:n + 1] = normkernels.batch_normalization(
+                block[n:n + 1], s.astype(np.float64), b.astype(np.float64), m[n], v[n],
+                epsilon=eps, opset=15, data_format=data_format)
+        return out
+
+    return da.blockwise(normalize, index, X, index, params[0], (c_axis,), params[1],
+                        (c_axis,), mean_c, (0, c_axis), var_c, (0, c_axis), dtype=X.dtype,
                         concatenate=True)
 
 

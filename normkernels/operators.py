@@ -12,6 +12,7 @@ Importing this module imports neither Numba nor the operators' spec modules.
 """
 
 import importlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +21,8 @@ from normkernels.kernels.storage import BFLOAT16, FLOAT32
 
 YARDSTICK = "batchnorm"  # BN inference: what other operators' times are compared with
 EPSILON = 1e-5  # the attributes every workload runs with (ONNX's defaults)
+GROUPS = 32  # group normalizations: the groups of every workload (fewer when C is not a multiple)
+LRN_SIZE = 5
 MOMENTUM = 0.9  # ONNX convention: weighs the old running value (PyTorch's is 1 - this)
 
 
@@ -62,10 +65,14 @@ class WarmupCase:
 
 @dataclass(frozen=True)
 class Operator:
-    """One public operator. ``family`` says what its workloads are: "channel" (NCX or
-    NXC tensors, parameters per channel), or a row normalization, "layer" (centred) or
-    "rms", over X's last axis with parameters per column (``skip``: onnxruntime's skip
-    add first; its first parameter is then ``skip``, of X's shape)."""
+    """One public operator. ``family`` says what its workloads are and which formula
+    the bench checks them with: NCX or NXC tensors with parameters per channel,
+    "channel" (statistics per channel or per (n, c)) or "group" (per (n, group):
+    ``groups`` names the attribute and the workloads' group count); "lrn" (a window
+    across channels, no parameters); "mvn" (NCX only, statistics over axes 0, 2, 3, no
+    parameters); or a row normalization over X's last axis, "layer" (centred), "rms"
+    (parameters per column; ``skip``: onnxruntime's skip add first, its first
+    parameter is then ``skip``, of X's shape) or "lp" (no parameters)."""
 
     name: str  # the bench's and the CLI's key
     title: str
@@ -83,15 +90,21 @@ class Operator:
     mode_kwargs: dict = field(default_factory=dict)  # mode -> keyword arguments
     over_inference: tuple = ()  # modes the bench also times against BN inference
     warmup: tuple = ()
+    groups: tuple = None  # ("num_groups" or "groups", GROUPS): the group attribute
 
     @property
     def rows(self):
-        return self.family != "channel"
+        return self.family in ("layer", "rms", "lp")
 
     @property
     def layouts(self):
         """The layouts its workloads come in (row normalizations: rows, named "NCX")."""
-        return ("NCX",) if self.rows else ("NCX", "NXC")
+        return ("NCX",) if self.rows or self.family == "mvn" else ("NCX", "NXC")
+
+    def group_count(self, C):
+        """The groups of a workload with ``C`` channels: ``GROUPS``, or the largest
+        divisor of C below it."""
+        return math.gcd(C, self.groups[1])
 
     def columns(self, shape):
         """How many parameters per parameter vector: C (the channels; ``shape`` in NCX
@@ -114,10 +127,20 @@ class Operator:
             params = (rng.standard_normal(shape).astype(dtype), *params)
         return params
 
-    def kwargs(self, mode, data_format):
-        if self.rows:
-            return dict(self.mode_kwargs.get(mode, {}))
-        return {**self.mode_kwargs.get(mode, {}), "data_format": data_format}
+    def kwargs(self, mode, data_format, C=None):
+        """The keyword arguments of a call (``C``: X's channels, for the group count)."""
+        kwargs = dict(self.mode_kwargs.get(mode, {}))
+        if self.groups is not None:
+            kwargs[self.groups[0]] = self.group_count(C)
+        if not (self.rows or self.family == "mvn"):
+            kwargs["data_format"] = data_format
+        return kwargs
+
+    def channel_count(self, X, data_format):
+        """C of a workload's X in ``data_format``."""
+        if X.ndim < 2:
+            return 1
+        return X.shape[1] if data_format == "NCX" else X.shape[-1]
 
     def bound(self, X, params, mode="inference", data_format="NCX", out=None):
         """A zero-argument call of the public function (arguments bound once: the
@@ -125,7 +148,7 @@ class Operator:
         import normkernels
 
         fn = getattr(normkernels, self.function)
-        kwargs = self.kwargs(mode, data_format)
+        kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
         if not self.reads_only:
             kwargs["out"] = out
         return lambda: fn(X, *params, **kwargs)
@@ -134,7 +157,7 @@ class Operator:
              path=None):
         """Run the operator: the public function, or with ``engine`` (and ``path``)
         its spec layer on that engine (the Numba engine when only ``path`` is given)."""
-        kwargs = self.kwargs(mode, data_format)
+        kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
         if not self.reads_only:
             kwargs["out"] = out
         if engine is None and path is None:
@@ -152,6 +175,11 @@ class Operator:
         normalizations: over the last axis, parameters per column)."""
         if self.rows:
             return self._row_formula(X, params, dtype)
+        if self.family in ("group", "lrn", "mvn"):
+            x = X if dtype == X.dtype else X.astype(dtype)
+            p = [v.astype(dtype) for v in params]
+            y = getattr(self, f"_{self.family}_formula")(np.moveaxis(x, axis, 1), p, dtype)
+            return np.moveaxis(y, 1, axis)
         reduced = tuple(i for i in range(X.ndim) if i != axis)
         shape = [1] * X.ndim
         shape[axis] = -1
@@ -169,10 +197,36 @@ class Operator:
             mean, var = p[2], p[3]
         return (x - mean) / np.sqrt(var + eps) * p[0] + p[1]
 
+    def _group_formula(self, x, p, dtype):  # x: NCX
+        N, C = x.shape[:2]
+        g = x.reshape(N, self.group_count(C), -1)
+        mean = g.mean(axis=-1, keepdims=True)
+        var = g.var(axis=-1, keepdims=True)
+        shape = (1, C) + (1,) * (x.ndim - 2)
+        y = ((g - mean) / np.sqrt(var + dtype.type(EPSILON))).reshape(x.shape)
+        return y * p[0].reshape(shape) + p[1].reshape(shape)
+
+    def _mvn_formula(self, x, p, dtype):
+        axes = (0, *range(2, x.ndim))
+        mean = x.mean(axis=axes, keepdims=True)
+        return (x - mean) / (np.sqrt(x.var(axis=axes, keepdims=True)) + dtype.type(1e-9))
+
+    def _lrn_formula(self, x, p, dtype):
+        size = self.mode_kwargs["inference"]["size"]
+        C = x.shape[1]
+        squares = x * x
+        total = np.zeros_like(x)
+        for c in range(C):  # the window of c: c - (size-1)//2 .. c + ceil((size-1)/2)
+            lo, hi = max(0, c - (size - 1) // 2), min(C - 1, c + size // 2)
+            total[:, c] = squares[:, lo:hi + 1].sum(axis=1)
+        return x / (dtype.type(1.0) + dtype.type(1e-4 / size) * total) ** dtype.type(0.75)
+
     def _row_formula(self, X, params, dtype):
         x = X if dtype == X.dtype else X.astype(dtype)
         p = [v.astype(dtype) for v in params]
         eps = dtype.type(EPSILON)
+        if self.family == "lp":
+            return x / np.sqrt((x * x).sum(axis=-1, keepdims=True))
         if self.skip:  # input + skip (+ bias, the last parameter)
             x = x + p[0] + p[-1]
             p = p[1:-1]
@@ -187,7 +241,9 @@ class Operator:
         p = "np.ones(X.shape[-1], 'float32')" if self.rows else "p"  # per column
         args = ", ".join(["X", *["X"] * self.skip, *[p] * self.n_params])
         kwargs = dict(self.mode_kwargs.get(mode, {}))
-        if self.name == "batchnorm-inference":
+        if self.groups is not None:
+            kwargs[self.groups[0]] = GROUPS
+        if self.name in ("batchnorm-inference", "groupnorm-onednn"):  # oneDNN: NXC default
             kwargs["data_format"] = "NCX"
         extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
         return f"nk.{self.function}({args}{extra})"
@@ -277,6 +333,30 @@ OPERATORS = {op.name: op for op in [
              onnx=Onnx("RMSNormalization", (23,), ("X", "scale"), "op_rms_normalization",
                        implements=False),
              torch="rms_norm", mode_kwargs=_ROWS_EPSILON),
+    Operator("groupnorm", "ONNX GroupNormalization", "group_normalization",
+             "group_normalization", n_params=2, family="group",
+             groups=("num_groups", GROUPS),
+             onnx=Onnx("GroupNormalization", (18, 21), ("X", "scale", "bias"), None),
+             torch="group_norm", over_inference=("inference",),
+             mode_kwargs={"inference": {"epsilon": EPSILON}}),  # instancenorm's kernels
+    Operator("groupnorm-onednn", "oneDNN Graph GroupNorm-1", "group_norm",
+             "group_normalization", n_params=2, family="group", groups=("groups", GROUPS),
+             dtypes=("float16", "bfloat16", "float32"), param_dtype="float32",
+             onnx=Onnx("GroupNormalization", (21,), ("X", "scale", "bias"), None,
+                       implements=False),
+             torch="group_norm",
+             mode_kwargs={"inference": {"epsilon": EPSILON, "keep_stats": False}}),
+    Operator("mvn", "ONNX MeanVarianceNormalization", "mean_variance_normalization",
+             "mean_variance_normalization", n_params=0, family="mvn",
+             onnx=Onnx("MeanVarianceNormalization", (9, 13), ("X",), None),
+             over_inference=("inference",)),
+    Operator("lpnorm", "ONNX LpNormalization", "lp_normalization", "lp_normalization",
+             n_params=0, family="lp",
+             onnx=Onnx("LpNormalization", (1, 22), ("input",), "op_lp_normalization"),
+             torch="normalize"),
+    Operator("lrn", "ONNX LRN", "lrn", "lrn", n_params=0, family="lrn",
+             onnx=Onnx("LRN", (1, 13), ("X",), "op_lrn"), torch="local_response_norm",
+             mode_kwargs={"inference": {"size": LRN_SIZE}}),
 ]}
 
 

@@ -9,7 +9,8 @@ with the reason, which the bench prints. Peers:
 * ``onnxruntime``: the same model (IR version 10: onnxruntime 1.31 rejects 14), CPU
   provider, intra-op threads = the bench's, thread spinning off (its idle threads
   otherwise slow down whatever runs next in the process, other candidates included).
-* ``torch``: ``torch.nn.functional.batch_norm`` / ``instance_norm``; channels-last
+* ``torch``: ``torch.nn.functional.batch_norm`` / ``instance_norm`` / ``layer_norm`` /
+  ``rms_norm`` / ``group_norm`` / ``local_response_norm`` / ``normalize``; channels-last
   workloads run on a channels_last tensor (no copy), as a PyTorch user would.
 * ``openvino``: the one-node model compiled for CPU with f32 inference precision (its
   default on this CPU is bf16). Importing openvino before Numba's first parallel call
@@ -76,7 +77,9 @@ def _onnx_model(workload, X, params):
     inputs = dict(zip(binding.inputs, [x, *params], strict=True))
     training = workload.mode == "training"
     outputs = ["Y", "running_mean", "running_var"] if training else ["Y"]
-    attributes = workload.operator.kwargs(workload.mode, "NCX")
+    attributes = workload.operator.kwargs(workload.mode, "NCX", x.shape[1] if x.ndim > 1 else 1)
+    if "groups" in attributes:  # oneDNN's name for ONNX's num_groups
+        attributes["num_groups"] = attributes.pop("groups")
     attributes.pop("data_format", None)
     attributes.pop("keep_stats", None)  # oneDNN's, not the ONNX equivalent's
     node = helper.make_node(binding.op_type, list(inputs), outputs, domain=binding.domain,
@@ -150,6 +153,22 @@ def torch_peer(workload, X, params, threads):
     p = [_to_torch(torch, np.asarray(v)) for v in params]
     if op.rows:
         run = _torch_rows(torch, F, op, x, p)
+    elif op.family == "group":
+        groups = op.group_count(x.shape[1])
+        if p[0].dtype != x.dtype:
+            p = [v.to(x.dtype) for v in p]  # torch: one dtype
+
+        def run():
+            with torch.no_grad():
+                return F.group_norm(x, groups, weight=p[0], bias=p[1], eps=EPSILON)
+    elif op.torch == "local_response_norm":
+        kwargs = op.mode_kwargs["inference"]
+
+        def run():
+            with torch.no_grad():
+                return F.local_response_norm(x, kwargs["size"], alpha=kwargs.get("alpha", 1e-4),
+                                             beta=kwargs.get("beta", 0.75),
+                                             k=kwargs.get("bias", 1.0))
     elif op.torch == "instance_norm":
         def run():
             with torch.no_grad():
@@ -185,6 +204,12 @@ def _torch_rows(torch, F, op, x, p):
     if any(v.dtype != x.dtype for v in p[op.skip:]):
         p = p[:op.skip] + [v.to(x.dtype) for v in p[op.skip:]]  # torch: one dtype
     shape = (x.shape[-1],)
+
+    if op.family == "lp":
+        def run():
+            with torch.no_grad():
+                return F.normalize(x, p=2.0, dim=-1)
+        return run
 
     def run():
         with torch.no_grad():

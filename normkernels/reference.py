@@ -23,15 +23,21 @@ What is bit-identical to the kernels:
   tests check for each against the float64 oracle.
 """
 
+import math
+
 import numpy as np
 
 from normkernels.engine import Engine
 from normkernels.kernels.storage import FLOAT64, compute_dtype, row_compute_dtype
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
+from normkernels.ops import group_normalization as _gn
 from normkernels.ops import instance_normalization as _in
 from normkernels.ops import layer_norm as _dnnl_rows
 from normkernels.ops import layer_normalization as _ln
+from normkernels.ops import lp_normalization as _lp
+from normkernels.ops import lrn as _lrn
+from normkernels.ops import mean_variance_normalization as _mvn
 from normkernels.ops import moments as _moments
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
@@ -70,23 +76,24 @@ class NumPyEngine(Engine):
             m2 = ((per_channel - mean[:, None]) ** 2).sum(axis=1)
         return count, mean, m2
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
-        planes = x.reshape(-1, S).astype(np.float64)
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+        groups = x.reshape(-1, group * S).astype(np.float64)  # a group's planes: contiguous
         with np.errstate(all="ignore"):
-            mean = planes.mean(axis=1)
-            m2 = ((planes - mean[:, None]) ** 2).sum(axis=1)
-        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self)
+            mean = groups.mean(axis=1)
+            m2 = ((groups - mean[:, None]) ** 2).sum(axis=1)
+        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self, group)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
-        # (n, c) planes made contiguous: NumPy sums pairwise only along the last axis
-        planes = np.ascontiguousarray(
-            x.reshape(N, -1, C).astype(np.float64).transpose(0, 2, 1))
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
+        # (n, group) made contiguous: NumPy sums pairwise only along the last axis
+        G = C // group
+        groups = np.ascontiguousarray(
+            x.reshape(N, -1, G, group).astype(np.float64).transpose(0, 2, 1, 3)).reshape(N, G, -1)
         with np.errstate(all="ignore"):
-            mean = planes.mean(axis=2)
-            m2 = ((planes - mean[:, :, None]) ** 2).sum(axis=2)
+            mean = groups.mean(axis=2)
+            m2 = ((groups - mean[:, :, None]) ** 2).sum(axis=2)
         mean, m2 = mean.reshape(-1), m2.reshape(-1)
-        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self)
+        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self, group)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
@@ -112,20 +119,58 @@ class NumPyEngine(Engine):
                             np.asarray(var, np.float64))
 
 
+    def lp_normalize(self, x, y, outer, K, inner, p, path=None):
+        """From the spec in float64 with the kernels' fold (:func:`lp_fold`): the same
+        arithmetic after the norms, whose float64 sums are NumPy's (pairwise; the
+        kernels' are vectorised), so the two agree within float64 roundings of the
+        norm (the same bits after rounding to a narrower dtype but at rare ties)."""
+        v = x.reshape(outer, K, inner).astype(np.float64)
+        with np.errstate(all="ignore"):
+            s, r = lp_fold(v, p)
+            if x.dtype == FLOAT64:
+                wide = (v * s) / r
+            else:
+                wide = (v * s) * (1.0 / r)
+        y.reshape(outer, K, inner)[...] = round_once(wide, y.dtype)
+
+    def lrn(self, x, y, C, S, size, alpha, beta, bias, path=None):
+        """From the spec in float64, the window summed in ascending channel order from
+        0.0 (the kernels' order): bit-identical to the kernels (``b ** beta`` by the C
+        library's pow, as Numba's ``math.pow``)."""
+        v = x.reshape(-1, C, S).astype(np.float64)
+        size = int(size)
+        window = min(size, 2 * C + 1)  # every window holds all the channels beyond
+        with np.errstate(all="ignore"):
+            sq = v * v
+            total = np.zeros_like(sq)
+            for d in range(-((window - 1) // 2), window // 2 + 1):  # channel c + d, ascending
+                lo, hi = max(0, -d), min(C, C - d)
+                if lo < hi:
+                    total[:, lo:hi] += sq[:, lo + d:hi + d]
+            base = float(bias) + (float(alpha) / size) * total
+            if beta == 0.75 and x.dtype != FLOAT64:  # the kernels' cheaper form
+                root = np.sqrt(base)
+                den = root * np.sqrt(root)
+            else:
+                den = c_pow(base, float(beta))
+            y.reshape(-1, C, S)[...] = round_once(v / den, y.dtype)
+
+
 ENGINE = NumPyEngine()
 
 
-def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE):
-    """Y of NCX instance normalization from the per-plane ``mean`` and ``m2``."""
-    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S, engine)
-    engine.scale_shift(x, y, mean.size, S, m, a, b)
+def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE, group=1):
+    """Y of NCX instance (group) normalization from the per-plane (per-group)
+    ``mean`` and ``m2``."""
+    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S, engine, group)
+    engine.scale_shift(x, y, m.size, S, m, a, b)
 
 
-def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE):
-    """Y of NXC instance normalization from the per-(n, c) ``mean`` and ``m2``
-    (flat, ``n * C + c``)."""
+def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group=1):
+    """Y of NXC instance (group) normalization from the per-(n, c) (per-(n, group))
+    ``mean`` and ``m2`` (flat, ``n * C + c``)."""
     R = x.size // (N * C)
-    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, R, engine)
+    m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, R, engine, group)
     with np.errstate(all="ignore"):
         xv = x.reshape(N, R, C).astype(compute_dtype(x.dtype))
         shape = (N, 1, C)
@@ -155,10 +200,12 @@ def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var):
         y[...] = (normalized * scale.astype(cd) + b).astype(y.dtype)
 
 
-def _instance_parameters(x, scale, B, epsilon, mean, m2, count, engine):
-    reps = mean.size // scale.size
-    return fold_parameters(np.tile(scale, reps), np.tile(B, reps), mean, m2 / count,
-                           epsilon, x.dtype)
+def _instance_parameters(x, scale, B, epsilon, mean, m2, count, engine, group=1):
+    """Per-plane parameters: each plane takes its group's statistics (over ``group *
+    count`` elements) and its channel's scale and B."""
+    reps = mean.size * group // scale.size
+    return fold_parameters(np.tile(scale, reps), np.tile(B, reps), np.repeat(mean, group),
+                           np.repeat(m2, group) / (group * count), epsilon, x.dtype)
 
 
 def fold_parameters(scale, B, mean, var, epsilon, dtype):
@@ -268,3 +315,100 @@ def layer_norm(src, gamma=None, beta=None, **attributes):
 def rms_norm(src, gamma=None, **attributes):
     """Slow twin of :func:`normkernels.rms_norm`."""
     return _dnnl_rows.rms_norm(src, gamma, engine=ENGINE, **attributes)
+
+
+def group_normalization(X, scale, bias, **attributes):
+    """Slow twin of :func:`normkernels.group_normalization`."""
+    return _gn.group_normalization(X, scale, bias, engine=ENGINE, **attributes)
+
+
+def group_norm(src, gamma=None, beta=None, **attributes):
+    """Slow twin of :func:`normkernels.group_norm`."""
+    return _gn.group_norm(src, gamma, beta, engine=ENGINE, **attributes)
+
+
+def mean_variance_normalization(X, **attributes):
+    """Slow twin of :func:`normkernels.mean_variance_normalization`."""
+    return _mvn.mean_variance_normalization(X, engine=ENGINE, **attributes)
+
+
+def lp_normalization(input, **attributes):
+    """Slow twin of :func:`normkernels.lp_normalization`."""
+    return _lp.lp_normalization(input, engine=ENGINE, **attributes)
+
+
+def lrn(X, **attributes):
+    """Slow twin of :func:`normkernels.lrn`."""
+    return _lrn.lrn(X, engine=ENGINE, **attributes)
+
+
+LP_TINY = 1e-290  # the kernels' thresholds (normkernels.kernels.lp)
+LP_PRESCALE_LIMIT = 1000
+
+
+def lp_fold(v, p):
+    """Per vector of float64 ``v`` (``outer x K x inner``, along axis 1) ``(s, r)`` with
+    ``y = (v * s) / r``: the rule of :func:`normkernels.kernels.lp.fold`. ``s = 1``
+    and ``r`` the norm when the float64 sum is finite and at least ``LP_TINY``;
+    otherwise a zero vector has ``(0, 1)``, one with an infinite element ``(1,
+    norm)``, and a finite one ``s`` a power of two taking max|v| near 1 and ``r`` the
+    norm of ``v * s``."""
+    with np.errstate(all="ignore"):
+        total = (np.abs(v) if p == 1 else v * v).sum(axis=1, keepdims=True)
+        s = np.ones_like(total)
+        r = np.sqrt(total) if p == 2 else total
+        redo = (total > np.finfo(np.float64).max) | (total < LP_TINY)
+        if not redo.any():
+            return s, r
+        m = np.where(np.isnan(v), 0.0, np.abs(v)).max(axis=1, keepdims=True)
+        zero = redo & (m == 0)
+        scaled = redo & (m > 0) & np.isfinite(m)
+        e = np.frexp(np.where(scaled, m, 1.0))[1]
+        s_new = np.ldexp(1.0, np.clip(-e, -LP_PRESCALE_LIMIT, LP_PRESCALE_LIMIT))
+        vs = v * s_new
+        t = (np.abs(vs) if p == 1 else vs * vs).sum(axis=1, keepdims=True)
+        r_new = np.sqrt(t) if p == 2 else t
+        s = np.where(scaled, s_new, np.where(zero, 0.0, s))
+        r = np.where(scaled, r_new, np.where(zero, 1.0, r))
+    return s, r
+
+
+def round_once(values, dtype):
+    """float64 ``values`` rounded once (to nearest even) to ``dtype``: 16-bit dtypes
+    through float32 by round-to-odd, which makes the two roundings one (ml_dtypes
+    rounds float64 to bfloat16 through float32 twice: 1 + 2**-8 + 2**-40 gives 1); the
+    rule of :func:`normkernels.kernels.lp.store_rounded`."""
+    if dtype == FLOAT64:
+        return values
+    with np.errstate(all="ignore"):
+        f = values.astype(np.float32)
+        if dtype.itemsize == 4:
+            return f
+        back = f.astype(np.float64)
+        bits = f.view(np.int32)
+        step = np.where(np.abs(values) > np.abs(back), 1, -1).astype(np.int32)
+        odd = (back != values) & ~np.isnan(values) & ((bits & 1) == 0)
+        return np.where(odd, bits + step, bits).astype(np.int32).view(np.float32).astype(dtype)
+
+
+def _c_pow(b, e):
+    """The C library's ``pow(b, e)``: ``math.pow``, with C99's results where it raises."""
+    try:
+        return math.pow(b, e)
+    except OverflowError:
+        odd = e == math.floor(e) and math.fmod(e, 2.0) != 0.0
+        return -math.inf if b < 0 and odd else math.inf
+    except ValueError:  # zero to a negative power, or a negative base to a fraction
+        if b == 0:
+            odd = e == math.floor(e) and math.fmod(e, 2.0) != 0.0
+            return math.copysign(math.inf, b) if odd else math.inf
+        return math.nan
+
+
+_c_pow_ufunc = np.frompyfunc(_c_pow, 2, 1)
+
+
+def c_pow(base, e):
+    """Elementwise C-library ``pow`` of a float64 array (NumPy's ``power`` may use
+    other approximations: SIMD pow differs from libm in the last bit)."""
+    return np.asarray(_c_pow_ufunc(base, e), dtype=np.float64)

@@ -26,6 +26,8 @@ The error model (the README's "Numerics" states the same):
   effect of that.
 """
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -312,3 +314,172 @@ def row_tolerance(X, scale, B, mean, var, epsilon, out_dtype, centered=True):
     return tolerance(X, s, b, mean, var, epsilon, "NCX", out_dtype,
                      mean_rounded=centered and compute_dtype(out_dtype) != F64,
                      statistics_of=X.dtype)
+
+
+# --- group normalizations (specs/group-normalizations.md sections 1, 2 and 5) --------
+
+MVN_EPSILON = 1e-9  # MeanVarianceNormalization's constant, added to the standard deviation
+
+
+def _refined_moments(values):
+    """Mean and population variance along the last (contiguous) axis, keepdims: the
+    corrected two-pass of :func:`batch_statistics`, with the mean corrected as well
+    (``mean + mean(x - mean)``), so a constant group of any value has exactly its value
+    as mean and variance 0 (a pairwise sum of 30 copies of 7.3, divided by 30, is 2
+    ulps off, which ``1 / (std + 1e-9)`` would make 2e-6)."""
+    with np.errstate(invalid="ignore"):
+        first = values.mean(axis=-1, keepdims=True)
+        dev = values - first
+        correction = dev.mean(axis=-1, keepdims=True)
+        return first + correction, (dev * dev).mean(axis=-1, keepdims=True) - correction ** 2
+
+
+def group_statistics(X, num_groups, data_format="NCX"):
+    """Mean and population variance of every (n, group) of ``C / num_groups``
+    consecutive channels, over the group's channels and all spatial positions: float64,
+    broadcast to X's shape (full arrays), and also as (N, num_groups) arrays. Corrected
+    two-pass from a contiguous per-(n, group) copy, as :func:`batch_statistics`."""
+    x = _f64(X)
+    if data_format == "NXC" and x.ndim > 2:
+        x = np.moveaxis(x, -1, 1)
+    N, C = x.shape[:2]
+    G = num_groups
+    groups = np.ascontiguousarray(x).reshape(N, G, -1)
+    mean, var = _refined_moments(groups)
+    full_mean = np.broadcast_to(mean, groups.shape).reshape(x.shape)
+    full_var = np.broadcast_to(var, groups.shape).reshape(x.shape)
+    if data_format == "NXC" and x.ndim > 2:
+        full_mean, full_var = np.moveaxis(full_mean, 1, -1), np.moveaxis(full_var, 1, -1)
+    return (np.ascontiguousarray(full_mean), np.ascontiguousarray(full_var),
+            mean.reshape(N, G), var.reshape(N, G))
+
+
+def group_norm(X, scale, B, num_groups, epsilon, data_format="NCX", per_group=False):
+    """ONNX GroupNormalization / oneDNN GroupNorm in float64:
+    ``y = scale * (x - mean) / sqrt(var + epsilon) + B`` with the statistics of x's
+    (n, group). ``scale`` and ``B`` per channel (GroupNormalization-21, GroupNorm), or
+    per group with ``per_group`` (GroupNormalization-18: channel c takes group
+    ``c // (C / num_groups)``'s value). Returns ``(Y, mean, var)``, the statistics
+    broadcast to X's shape, and the per-channel scale and B."""
+    C = X.shape[1] if data_format == "NCX" or X.ndim == 2 else X.shape[-1]
+    scale, B = _f64(scale), _f64(B)
+    if per_group:
+        scale, B = np.repeat(scale, C // num_groups), np.repeat(B, C // num_groups)
+    mean, var, _, _ = group_statistics(X, num_groups, data_format)
+    fmt = "NCX" if X.ndim == 2 else data_format
+    return batch_norm(X, scale, B, mean, var, epsilon, fmt), mean, var, scale, B
+
+
+def group_tolerance(X, scale, B, mean, var, epsilon, data_format, out_dtype):
+    """Allowed |Y - oracle| for group normalization: :func:`instance_tolerance` with
+    the per-(n, group) statistics broadcast to X's shape (``mean``, ``var`` as
+    :func:`group_norm` returns them) and per-channel ``scale`` and ``B``."""
+    fmt = "NCX" if np.ndim(X) == 2 else data_format
+    return instance_tolerance(X, scale, B, mean, var, epsilon, fmt, out_dtype)
+
+
+def mvn_statistics(X, axes):
+    """Mean and population variance of X over ``axes`` (None or empty: every axis),
+    float64, broadcast to X's shape. The reduced axes are moved last and made
+    contiguous (pairwise sums), corrected two-pass."""
+    x = _f64(X)
+    axes = tuple(range(x.ndim)) if not axes else tuple(sorted(a % x.ndim for a in axes))
+    kept = tuple(i for i in range(x.ndim) if i not in axes)
+    order = kept + axes
+    moved = np.ascontiguousarray(x.transpose(order))
+    rows = moved.reshape(int(np.prod([x.shape[i] for i in kept])), -1)
+    mean, var = _refined_moments(rows)
+    back = np.argsort(order)
+    full = [np.ascontiguousarray(np.broadcast_to(v, rows.shape).reshape(moved.shape)
+                                 .transpose(back)) for v in (mean, var)]
+    return full[0], full[1]
+
+
+def mean_variance_norm(X, axes):
+    """ONNX MeanVarianceNormalization in float64: ``(x - mean) / (sqrt(var) + 1e-9)``
+    over ``axes`` (the function body's constant added to the standard deviation).
+    Returns ``(Y, mean, var)``, the statistics broadcast to X's shape."""
+    mean, var = mvn_statistics(X, axes)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        y = (_f64(X) - mean) / (np.sqrt(np.maximum(var, 0)) + MVN_EPSILON)
+    return y, mean, var
+
+
+def mvn_tolerance(X, mean, var, out_dtype):
+    """Allowed |Y - oracle| for MeanVarianceNormalization: :func:`tolerance` with
+    scale 1, B 0, epsilon 0 and the variance replaced by ``(std + 1e-9) ** 2``, so that
+    its ``1 / sqrt(var + eps)`` is the operator's ``a = 1 / (std + 1e-9)``: the kernels
+    compute ``(x - m) * a + b`` with ``a`` folded in float64 and rounded once and the
+    mean's residual in ``b`` (float32 compute), statistics from X. The first-order
+    statistics effect it adds is that of the replaced variance, which differs from the
+    operator's by the factor ``(std + 1e-9) / std``: exact to 1% for std >= 1e-7 (a
+    constant group has x - mean = 0 and is checked exactly)."""
+    with np.errstate(invalid="ignore"):
+        replaced = (np.sqrt(np.maximum(_f64(var), 0)) + MVN_EPSILON) ** 2
+    ones = np.ones(np.shape(X))
+    return tolerance(X, ones, np.zeros(np.shape(X)), mean, replaced, 0.0, "NCX", out_dtype,
+                     mean_rounded=compute_dtype(out_dtype) != F64, statistics_of=np.dtype(
+                         np.asarray(X).dtype))
+
+
+# --- LpNormalization and LRN (specs/group-normalizations.md sections 3 and 4): NumPy in
+# long double, from the ONNX text ---
+
+WIDE = np.longdouble  # the oracle's precision (80-bit on x86-64)
+
+
+
+
+def lp_oracle(X, axis, p):
+    """``x / ||x||_p`` along ``axis``; a zero norm gives 0 (the ONNX doc string)."""
+    v = np.asarray(X, dtype=np.float64).astype(WIDE)
+    norm = (np.abs(v).sum(axis=axis, keepdims=True) if p == 1
+            else np.sqrt((v * v).sum(axis=axis, keepdims=True)))
+    with np.errstate(all="ignore"):
+        return np.where(norm == 0, WIDE(0), v / norm)
+
+
+def lrn_oracle(X, size, alpha, beta, bias, data_format="NCX"):
+    """The LRN formula per channel, window bounds literally as the schema writes them."""
+    v = np.asarray(X, dtype=np.float64).astype(WIDE)
+    if data_format == "NXC":
+        v = np.moveaxis(v, -1, 1)
+    C = v.shape[1]
+    Y = np.empty_like(v)
+    for c in range(C):
+        lo = max(0, c - math.floor((size - 1) / 2))
+        hi = min(C - 1, c + math.ceil((size - 1) / 2))
+        square_sum = (v[:, lo:hi + 1] ** 2).sum(axis=1)
+        with np.errstate(all="ignore"):
+            Y[:, c] = v[:, c] / (WIDE(bias) + WIDE(alpha) / size * square_sum) ** WIDE(beta)
+    return np.moveaxis(Y, 1, -1) if data_format == "NXC" else Y
+
+
+def wide_ulp(values, dtype):
+    """The spacing of ``dtype`` at ``values`` (its smallest subnormal spacing at 0)."""
+    info = ml_dtypes.finfo(dtype)
+    _, e = np.frexp(np.abs(values))
+    return np.ldexp(WIDE(1), np.maximum(e - 1, info.minexp) - info.nmant)
+
+
+def ulp_close(got, exact, dtype, terms=0):
+    """float32/float64: within 2 ulps of ``exact``; 16-bit: within 1 ulp of ``exact``
+    rounded to the dtype. NaN exactly where the oracle has NaN. float64 also gets the
+    error of a float64 sum of ``terms`` nonnegative terms (``terms * 2**-53``
+    relative): float64 arithmetic cannot promise 2 ulps of a float64 norm."""
+    got = np.asarray(got)
+    assert got.dtype == dtype and got.shape == exact.shape
+    g = got.astype(np.float64).astype(WIDE)
+    nan = np.isnan(exact)
+    assert np.array_equal(np.isnan(g), nan), "NaN in the wrong places"
+    if dtype.itemsize == 2:
+        target = exact.astype(np.float64).astype(dtype).astype(np.float64).astype(WIDE)
+        bound = wide_ulp(target, dtype)
+    else:
+        target, bound = exact, 2 * wide_ulp(exact, dtype)
+        if dtype == F64:
+            bound = bound + terms * WIDE(2.0**-53) * np.abs(exact)
+    err = np.abs(g - target)
+    ok = (err <= bound) | nan | (g == target)  # g == target: infinities
+    assert ok.all(), (f"{(~ok).sum()} elements off; worst {np.max(np.where(ok, 0, err / bound))}"
+                      f" x the bound at {np.argwhere(~ok)[:3].tolist()}")

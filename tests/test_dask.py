@@ -21,6 +21,7 @@ from oracle import (
     row_norm,
     row_tolerance,
     statistics_tolerance,
+    tolerance,
     training_tolerance,
 )
 
@@ -477,3 +478,67 @@ def test_row_errors_are_the_numpy_ones(rng):
     same_error(da.from_array(X.astype(np.int32)), S, rms=True)
     same_error(da.from_array(np.zeros((3, 0), F32)), np.ones(0, F32))
     same_error(da.from_array(np.float32(1)), np.float32(1), rms=True)
+
+
+# --- group normalization ---
+
+GROUP_SHAPE = (4, 6, 5, 7)  # NCX; 3 groups of 2 channels
+GROUP_CHUNKINGS = {"whole": GROUP_SHAPE, "split-groups": (3, 1, 2, 7),
+                   "straddle": (1, 4, 5, 3), "ones": (1, 1, 1, 1)}
+
+
+def group_oracle(X, s, b, groups, fmt):
+    """Float64 GroupNormalization-21 from the spec, and the per-element group mean and
+    variance (X's layout)."""
+    x = np.moveaxis(X.astype(F64), -1, 1) if fmt == "NXC" else X.astype(F64)
+    N, C = x.shape[:2]
+    g = x.reshape(N, groups, -1)
+    mean = np.broadcast_to(g.mean(axis=2, keepdims=True), g.shape).reshape(x.shape)
+    var = np.broadcast_to(g.var(axis=2, keepdims=True), g.shape).reshape(x.shape)
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    y = (x - mean) / np.sqrt(var + EPS) * s.astype(F64).reshape(shape) \
+        + b.astype(F64).reshape(shape)
+    back = (lambda v: np.moveaxis(v, 1, -1)) if fmt == "NXC" else (lambda v: v)
+    return back(y), back(mean), back(var)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", [F16, F32, F64], ids=["float16", "float32", "float64"])
+@pytest.mark.parametrize("chunking", list(GROUP_CHUNKINGS))
+def test_group_normalization_matches(rng, dtype, fmt, chunking):
+    """Chunks that split a group and chunks that straddle two: the per-(n, c) partials
+    merged per group give the oracle's Y, and single-machine normkernels' within the
+    same bound."""
+    X = layout((rng.standard_normal(GROUP_SHAPE) * 2 + 100.0).astype(dtype), fmt)
+    s = rng.uniform(0.5, 2, 6).astype(dtype)
+    b = rng.standard_normal(6).astype(dtype)
+    Xd = da.from_array(X, chunks=chunks_for(fmt, GROUP_CHUNKINGS[chunking]))
+    Y = nkd.group_normalization(Xd, s, b, num_groups=3, data_format=fmt)
+    assert isinstance(Y, da.Array)
+    Y = Y.compute()
+    Y0 = nk.group_normalization(X, s, b, num_groups=3, data_format=fmt)
+    assert Y.dtype == Y0.dtype == dtype
+    exact, mean, var = group_oracle(X, s, b, 3, fmt)
+    tol = tolerance(X, s, b, mean, var, EPS, fmt, Y.dtype, mean_rounded=dtype != F64,
+                    statistics_of=X.dtype)
+    assert_close(Y, exact, tol)
+    assert_close(Y0, exact, tol)
+
+
+def test_group_normalization_opset18_and_errors(rng):
+    X = rng.standard_normal(GROUP_SHAPE).astype(F32)
+    Xd = da.from_array(X, chunks=(2, 1, 5, 7))
+    s, b = rng.uniform(0.5, 2, 3).astype(F32), rng.standard_normal(3).astype(F32)
+    Y = nkd.group_normalization(Xd, s, b, num_groups=3, opset=18).compute()
+    exact, mean, var = group_oracle(X, np.repeat(s, 2), np.repeat(b, 2), 3, "NCX")
+    assert_close(Y, exact, tolerance(X, np.repeat(s, 2), np.repeat(b, 2), mean, var, EPS,
+                                     "NCX", F32, mean_rounded=True, statistics_of=F32))
+    with pytest.raises(ValueError, match=r"num_groups must divide the number of channels"):
+        nkd.group_normalization(Xd, s, b, num_groups=4)
+    with pytest.raises(ValueError, match=r"shape \(3,\), one value per group"):
+        nkd.group_normalization(Xd, np.ones(6, F32), np.ones(6, F32), num_groups=3, opset=18)
+    with pytest.raises(ValueError, match=r"stash_type"):
+        nkd.group_normalization(Xd, np.ones(6, F32), np.ones(6, F32), num_groups=3,
+                                stash_type=2)
+    with pytest.raises(TypeError, match=r"dask\.array\.Array"):
+        nkd.group_normalization(X, np.ones(6, F32), np.ones(6, F32), num_groups=3)

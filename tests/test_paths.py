@@ -24,14 +24,21 @@ from oracle import (
     batch_statistics,
     compute_dtype,
     gamma,
+    group_norm,
+    group_tolerance,
     instance_norm,
     instance_tolerance,
+    lp_oracle,
+    lrn_oracle,
+    mean_variance_norm,
+    mvn_tolerance,
     rounded_statistic_tolerance,
     row_norm,
     row_tolerance,
     statistics_tolerance,
     tolerance,
     training_tolerance,
+    ulp_close,
 )
 
 from normkernels import reference
@@ -40,14 +47,20 @@ from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
+from normkernels.kernels import lp as lp_kernels
+from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import rows as rows_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
 from normkernels.kernels import statistics as statistics_kernels
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import common, plans
+from normkernels.ops import group_normalization as gn_spec
 from normkernels.ops import instance_normalization as in_spec
 from normkernels.ops import layer_normalization as ln_spec
+from normkernels.ops import lp_normalization as lp_spec
+from normkernels.ops import lrn as lrn_spec
+from normkernels.ops import mean_variance_normalization as mvn_spec
 from normkernels.ops import moments as moments_spec
 from normkernels.ops import rms_normalization as rms_spec
 from normkernels.ops import skip_layer_normalization as skip_spec
@@ -56,7 +69,7 @@ F16, BF16, F32, F64 = FLOATS
 EPS = 1e-3
 KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
                   "instance": instance_kernels, "inference": inference_kernels,
-                  "rows": rows_kernels}
+                  "rows": rows_kernels, "lp_kernels": lp_kernels, "lrn_kernels": lrn_kernels}
 
 
 @dataclass(frozen=True)
@@ -211,10 +224,45 @@ CASES.update({
 })
 ROW_OPS = ("layer", "rms", "skip", "rows-stats")
 
+# group normalization (groups of 2 channels: instance normalization's loops), MVN (the
+# moments and normalize loops), LpNormalization (rows: the last axis of 2-D X; columns:
+# axis 1) and LRN (planes: NCX; rows: NXC)
+CASES.update({
+    **{f"group-fused-{p}": case("group", (4, 6, 24, 24), "NCX", [f"instance_planes/fused/{p}"],
+                                path=p) for p in PATHS},
+    "group-fused-short": case("group", (2, 6, 3, 3), "NCX",
+                              ["instance_planes/fused-short/parallel"], path="parallel"),
+    "group-split": case("group", (1, 4, 300, 300), "NCX",  # 2 groups, 3 chunks each
+                        ["instance_planes/split", "scale_shift/planes/streaming"],
+                        path="streaming"),
+    "group-rows-serial": case("group", (3, 6, 9, 11), "NXC", ["instance_rows/one-launch/serial"],
+                              path="serial"),
+    "group-rows-parallel": case("group", (3, 6, 9, 11), "NXC",
+                                ["instance_rows/one-launch/parallel"], path="parallel"),
+    "group-rows-per-sample": case("group", (3, 6, 9, 11), "NXC",
+                                  ["instance_rows/per-sample", "scale_shift/periodic/parallel"],
+                                  path="parallel", patch=PER_SAMPLE),
+    "mvn-planes": case("mvn", (3, 4, 24, 24), "NCX",
+                       ["moments/planes/parallel", "scale_shift/planes/parallel"],
+                       path="parallel"),
+    "mvn-rows": case("mvn", (40, 3, 7, 7), "NCX",
+                     ["moments/rows/serial", "scale_shift/planes/serial"], path="serial"),
+    **{f"lp-rows-{p}": case("lp", (6, 70), "NCX", [f"lp/rows/{p}"], path=p)
+       for p in ("serial", "parallel")},
+    **{f"lp-columns-{p}": case("lp", (3, 5, 40), "NCX", [f"lp/columns/{p}"], path=p)
+       for p in ("serial", "parallel")},
+    **{f"lrn-planes-{p}": case("lrn", (3, 6, 70), "NCX", [f"lrn/planes/{p}"], path=p)
+       for p in ("serial", "parallel")},
+    **{f"lrn-rows-{p}": case("lrn", (3, 6, 70), "NXC", [f"lrn/rows/{p}"], path=p)
+       for p in ("serial", "parallel")},
+})
+GROUP_OPS = ("group", "mvn", "lp", "lrn")
+
 DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,
           "bn": FLOATS, "training": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
-          "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS}
+          "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS,
+          "group": FLOATS, "mvn": FLOATS, "lp": FLOATS, "lrn": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
@@ -312,7 +360,23 @@ def run(case, X, params, dtype, engine=ENGINE):
     if case.op == "instance":
         p = [v.astype(dtype) for v in params[:2]]
         return in_spec.instance_normalization(X, *p, epsilon=EPS, **kw), p
+    if case.op == "group":
+        p = [v.astype(dtype) for v in params[:2]]
+        groups = case.ncx_shape[1] // 2
+        return gn_spec.group_normalization(X, *p, num_groups=groups, epsilon=EPS, **kw), p
+    if case.op == "mvn":
+        del kw["data_format"]
+        return mvn_spec.mean_variance_normalization(X, **kw), []
+    if case.op == "lp":
+        del kw["data_format"]
+        return lp_spec.lp_normalization(X, axis=lp_axis(X), p=2, **kw), []
+    if case.op == "lrn":
+        return lrn_spec.lrn(X, size=4, alpha=0.9, **kw), []
     return moments_spec.partial_statistics(X, case.data_format, engine, path=case.path), []
+
+
+def lp_axis(X):
+    return X.ndim - 1 if X.ndim == 2 else 1
 
 
 def check_rows_with_oracle(case, X, params, result):
@@ -375,6 +439,16 @@ def check_with_oracle(case, X, params, result):
     elif case.op == "instance":
         exact, mean, var = instance_norm(X, *params, EPS, fmt)
         assert_close(result, exact, instance_tolerance(X, *params, mean, var, EPS, fmt, X.dtype))
+    elif case.op == "group":
+        exact, mean, var, s, b = group_norm(X, *params, case.ncx_shape[1] // 2, EPS, fmt)
+        assert_close(result, exact, group_tolerance(X, s, b, mean, var, EPS, fmt, X.dtype))
+    elif case.op == "mvn":
+        exact, mean, var = mean_variance_norm(X, (0, 2, 3))
+        assert_close(result, exact, mvn_tolerance(X, mean, var, X.dtype))
+    elif case.op == "lp":
+        ulp_close(result, lp_oracle(X, lp_axis(X), 2), X.dtype, terms=X.shape[lp_axis(X)])
+    elif case.op == "lrn":
+        ulp_close(result, lrn_oracle(X, 4, 0.9, 0.75, 1.0, fmt), X.dtype, terms=6)
     else:
         mean, var = batch_statistics(X, fmt)
         d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
@@ -506,14 +580,16 @@ class KernelStatisticsTwin:
     def channel_moments(self, x, C, S, path=None):
         return ENGINE.channel_moments(x, C, S, path)
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
-        mean, m2 = ENGINE.instance_planes(x, np.empty_like(y), C, S, scale, B, epsilon, path)
-        reference.normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2)
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+        mean, m2 = ENGINE.instance_planes(x, np.empty_like(y), C, S, scale, B, epsilon, path,
+                                          group)
+        reference.normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, group=group)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
-        mean, m2 = ENGINE.instance_rows(x, np.empty_like(y), N, C, scale, B, epsilon, path)
-        reference.normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2)
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
+        mean, m2 = ENGINE.instance_rows(x, np.empty_like(y), N, C, scale, B, epsilon, path,
+                                        group)
+        reference.normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, group=group)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
@@ -529,9 +605,10 @@ class KernelStatisticsTwin:
 
 @pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
 def test_route_matches_twin(rng, monkeypatch, name, dtype):
-    """Inference: the twin's bits. Training and instance normalization: the twin's bits
-    given the kernels' statistics. Moments: the twin's own statistics are within the
-    stated accuracy too."""
+    """Inference and LRN: the twin's bits. Training, instance, group and mean-variance
+    normalization: the twin's bits given the kernels' statistics. Moments: the twin's
+    own statistics are within the stated accuracy too. LpNormalization: the twin's
+    norms are NumPy's sums, so within an ulp (four for float64)."""
     case = CASES[name]
     X, params = data(rng, case, dtype)
     arrange(monkeypatch, case)
@@ -539,7 +616,13 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
     if case.op == "moments":
         check_with_oracle(case, X, params, run(case, X, params, dtype, reference.ENGINE)[0])
         return
-    twin = (reference.ENGINE if case.op in ("bn", "onednn", "normalize", "bn-planned")
+    if case.op == "lp":
+        twin = run(case, X, params, dtype, reference.ENGINE)[0].astype(F64)
+        spacing = (np.abs(twin) * 2.0**-7 if dtype == BF16  # an ulp of dtype at the twin's Y
+                   else np.abs(np.spacing(twin.astype(dtype))).astype(F64))
+        assert np.all(np.abs(result.astype(F64) - twin) <= (4 if dtype == F64 else 1) * spacing)
+        return
+    twin = (reference.ENGINE if case.op in ("bn", "onednn", "normalize", "bn-planned", "lrn")
             else KernelStatisticsTwin())
     expected, _ = run(case, X, params, dtype, twin)
     for got, want in zip(_outputs(result), _outputs(expected), strict=True):

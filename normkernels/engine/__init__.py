@@ -56,14 +56,17 @@ class Engine:
         """Per-channel ``(count, mean, M2)`` of ``x``."""
         raise NotImplementedError
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
-        """Instance normalization of NCX memory (``N * C`` planes of ``S``); writes
-        ``y``, returns the per-plane ``(mean, M2)``."""
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+        """Instance normalization of NCX memory (``N * C`` planes of ``S``), or group
+        normalization with ``group`` channels per group (scale and B per channel);
+        writes ``y``, returns the per-plane (per-group) ``(mean, M2)``."""
         raise NotImplementedError
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
         """Instance normalization of NXC memory (``N`` samples of ``R`` rows of
-        ``C``); writes ``y``, returns the per-(n, c) ``(mean, M2)``, flat ``n*C + c``."""
+        ``C``), or group normalization with ``group`` channels per group; writes ``y``,
+        returns the per-(n, c) (per-(n, group)) ``(mean, M2)``, flat ``n*C + c``
+        (``n*G + g``)."""
         raise NotImplementedError
 
 
@@ -85,4 +88,18 @@ class Engine:
         """The normalize pass of :meth:`normalize_rows` from given float64 per-row
         ``mean`` and ``var`` (merged partial moments of a chunked row, say): the same
         bits as :meth:`normalize_rows` gives with those statistics."""
+        raise NotImplementedError
+
+    def lp_normalize(self, x, y, outer, K, inner, p, path=None):
+        """LpNormalization of C-contiguous ``x`` seen as ``(outer, K, inner)`` along
+        its ``K`` axis into ``y`` (same shape; may be ``x``): ``y = x / ||x||_p``, p 1 or
+        2, the norm accumulated and the quotient computed in float64, rounded once; a
+        zero vector gives zeros (:mod:`normkernels.kernels.lp`)."""
+        raise NotImplementedError
+
+    def lrn(self, x, y, C, S, size, alpha, beta, bias, path=None):
+        """LRN of C-contiguous ``x`` into ``y`` (may be ``x``); channel ``c`` of flat
+        element ``i`` is ``(i // S) % C``: ``y = x / (bias + alpha / size *
+        square_sum) ** beta`` over ONNX's window of ``size`` channels, in float64,
+        rounded once (:mod:`normkernels.kernels.lrn`)."""
         raise NotImplementedError

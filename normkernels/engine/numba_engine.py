@@ -13,6 +13,8 @@ from normkernels.engine import Engine, policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import inference, instance, rows
+from normkernels.kernels import lp as lp_kernels
+from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE
@@ -109,19 +111,23 @@ class NumbaEngine(Engine):
         _row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2, path)
         return count, mean, m2
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None):
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
         xs, ys = _views(x, y)
         n_planes = xs.size // S
+        n_groups = n_planes // group
+        size = group * S  # elements per group: its planes are contiguous
         cd = compute_dtype(x.dtype)
-        mean, m2 = np.empty(n_planes), np.empty(n_planes)
+        mean, m2 = np.empty(n_groups), np.empty(n_groups)
         m, a, b = np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd)
-        args = (C, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2, m, a, b)
+        args = (C, group, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
+                m, a, b)
         path = policy.resolve_path(ys, path)
         fused = "fused" if S >= MIN_PLANE else "fused-short"
-        if policy.split_instance_planes(n_planes, S, xs.itemsize, path):
+        if policy.split_instance_planes(n_groups, size, xs.itemsize, path):
             took("instance_planes", "split")
-            _plane_moments(xs, n_planes, S, np.zeros(n_planes, np.int64), mean, m2, "parallel")
-            instance.fold_planes(C, S, *args[2:5], mean, m2, m, a, b)
+            _plane_moments(xs, n_groups, size, np.zeros(n_groups, np.int64), mean, m2,
+                           "parallel")
+            instance.fold_planes(C, group, size, *args[3:6], mean, m2, m, a, b)
             self.scale_shift(x, y, n_planes, S, m, a, b, path)
         elif path == "serial":
             took("instance_planes", fused, "serial")
@@ -136,7 +142,7 @@ class NumbaEngine(Engine):
                 instance.fused_planes_parallel(xs, ys, *args)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
         xs, ys = _views(x, y)
         R = xs.size // (N * C)
         rows = policy.rows_per_block(C, reductions.COLUMN_TILE,
@@ -149,14 +155,15 @@ class NumbaEngine(Engine):
         with launch_guard(one):
             _kernel(reductions.row_partials, reductions.row_partials_serial, one)(
                 xs, C, R, rows, part_mean, part_m2)
-        mean, m2 = np.empty(N * C), np.empty(N * C)
+        n_groups = N * C // group
+        mean, m2 = np.empty(n_groups), np.empty(n_groups)
         with launch_guard(one):
             _kernel(instance.merge_sample_rows, instance.merge_sample_rows_serial,
-                    one)(part_mean, part_m2, R, rows, mean, m2)
+                    one)(part_mean, part_m2, group, R, rows, mean, m2)
         cd = compute_dtype(x.dtype)
         m, a, b = np.empty(N * C, cd), np.empty(N * C, cd), np.empty(N * C, cd)
-        instance.fold_planes(C, R, storage_view(scale), storage_view(B), float(epsilon),
-                             mean, m2, m, a, b)
+        instance.fold_planes(C, group, R * group, storage_view(scale), storage_view(B),
+                             float(epsilon), mean, m2, m, a, b)
         if R * C >= policy.SAMPLE_CALL_MIN_ELEMENTS:
             took("instance_rows", "per-sample")
             x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
@@ -233,6 +240,45 @@ class NumbaEngine(Engine):
         with launch_guard(path):
             kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, float(epsilon), centered, mean,
                    var)
+
+
+    def lp_normalize(self, x, y, outer, K, inner, p, path=None):
+        # No streaming variant: each vector is read twice (sum, scale), the second time
+        # from cache; "streaming" runs the parallel kernels.
+        xs, ys = _views(x, y)
+        path = policy.resolve_path(ys, path)
+        one = "serial" if path == "serial" else "parallel"
+        with launch_guard(one):
+            if inner == 1:
+                took("lp", "rows", one)
+                _kernel(lp_kernels.rows_parallel, lp_kernels.rows_serial, one)(
+                    xs, ys, K, p, policy.rows_per_item(outer, K))
+            else:
+                took("lp", "columns", one)
+                chunk = min(inner, lp_kernels.COLUMN_CHUNK)
+                _kernel(lp_kernels.columns_parallel, lp_kernels.columns_serial, one)(
+                    xs, ys, outer, K, inner, p, chunk, policy.rows_per_item(outer, K * chunk))
+
+    def lrn(self, x, y, C, S, size, alpha, beta, bias, path=None):
+        xs, ys = _views(x, y)
+        path = policy.resolve_path(ys, path)
+        one = "serial" if path == "serial" else "parallel"  # no streaming variant
+        # the kernels' window size: beyond 2C + 1 every window holds all the channels
+        # (and a huge size would loop over empty shifts); coef keeps the true size
+        window = min(int(size), 2 * C + 1)
+        # beta = 0.75 as sqrt(b) * sqrt(sqrt(b)) for narrower X only (kernels/lrn.py)
+        args = (window, float(alpha) / int(size), float(bias), float(beta),
+                beta == 0.75 and x.dtype != FLOAT64)
+        with launch_guard(one):
+            if S == 1:  # channels-last memory: rows of C contiguous channels
+                took("lrn", "rows", one)
+                _kernel(lrn_kernels.rows_parallel, lrn_kernels.rows_serial, one)(
+                    xs, ys, C, policy.rows_per_item(xs.size // C, C), *args)
+            else:
+                took("lrn", "planes", one)
+                N = xs.size // (C * S)
+                _kernel(lrn_kernels.planes_parallel, lrn_kernels.planes_serial, one)(
+                    xs, ys, C, S, policy.lrn_chunk(N, C, S), *args)
 
 
 ENGINE = NumbaEngine()

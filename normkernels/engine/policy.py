@@ -37,6 +37,8 @@ ROUTES = (
     "rows/from-statistics/serial", "rows/from-statistics/parallel",
     "rows/from-statistics/streaming",
     "one-thread",  # a forked child: every call on the serial path
+    "lp/rows/serial", "lp/rows/parallel", "lp/columns/serial", "lp/columns/parallel",
+    "lrn/planes/serial", "lrn/planes/parallel", "lrn/rows/serial", "lrn/rows/parallel",
 )
 _trace = None
 
@@ -294,3 +296,23 @@ def split_rows(M, K, path):
     computes (no work worth splitting)."""
     return (path != "serial" and K >= SHORT_ROW
             and M < SPLIT_ROWS_PER_THREAD * numba.get_num_threads())
+
+
+# --- LpNormalization and LRN ---
+# No streaming loop: both read an item's inputs twice (the norm or the squares, then
+# the outputs) from cache, and their outputs go through ordinary stores; the
+# streaming path runs the parallel kernels.
+# LRN over channels-first memory: squares of a chunk of spatial positions for all C
+# channels are kept in float64 scratch of at most LRN_SCRATCH_ELEMENTS (256 KB, in
+# L2), chunks of at least LRN_MIN_CHUNK positions (a multiple of every vector length).
+LRN_SCRATCH_ELEMENTS = 1 << 15
+LRN_MIN_CHUNK = 64
+
+
+def lrn_chunk(N, C, S):
+    """Spatial positions per LRN work item: the scratch bound, split further so that
+    there are about four items per thread, never below ``LRN_MIN_CHUNK``."""
+    chunk = max(LRN_MIN_CHUNK, LRN_SCRATCH_ELEMENTS // max(C, 1))
+    per_sample = -(-4 * numba.get_num_threads() // max(N, 1))
+    chunk = min(chunk, max(LRN_MIN_CHUNK, -(-S // per_sample)))
+    return min(S, -(-chunk // 64) * 64)

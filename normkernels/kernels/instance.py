@@ -1,21 +1,23 @@
-"""Instance normalization: statistics per (n, c) and the normalize pass.
+"""Instance and group normalization: statistics per (n, group of ``Cg`` channels;
+``Cg = 1`` for instance norm) and the normalize pass.
 
 Layouts as elsewhere: NCX memory is ``N * C`` planes of ``S`` elements (plane
 ``p = n * C + c``); NXC memory is ``N`` samples of ``R`` rows of ``C`` columns.
 
-* **Fused planes** (NCX): one work item per plane computes its statistics, folds its
-  parameters and normalizes it while it is still in L1/L2, with streaming stores for
+* **Fused planes** (NCX): one work item per group (its ``Cg`` planes are contiguous)
+  computes its statistics, folds its planes' parameters and normalizes it while it is
+  still in L1/L2, with streaming stores for
   large outputs, so X is read from memory once.
-* **Split planes** (NCX planes too large for L2 or too small to be worth a work item
-  each, or fewer planes than threads; see ``FUSED_MIN_PLANE`` in normkernels.engine.policy): the
+* **Split planes** (NCX groups too large for L2 or too small to be worth a work item
+  each, or fewer groups than threads; see ``FUSED_MIN_PLANE`` in normkernels.engine.policy): the
   planes kernel of :mod:`normkernels.kernels.statistics` reduces chunks of
-  ``PLANE_CHUNK`` in parallel, the chunks are merged per plane, then the normalize
-  pass of :mod:`normkernels.kernels.scale_shift` runs. The statistics of a plane are
+  ``PLANE_CHUNK`` in parallel, the chunks are merged per group, then the normalize
+  pass of :mod:`normkernels.kernels.scale_shift` runs. The statistics of a group are
   the same chunk partials merged in the same order on both paths, so the two paths
   give bitwise the same Y, and the choice between them (which depends on the thread
   count) never changes a result.
 * **Rows** (NXC): row blocks of each sample are reduced per column (the rows kernel
-  of :mod:`normkernels.kernels.statistics`), merged per (n, c), then normalized.
+  of :mod:`normkernels.kernels.statistics`), merged per (n, group), then normalized.
 """
 
 import math
@@ -64,16 +66,26 @@ def plane_statistics(x):
 
 
 @njit(**_INLINE)
-def _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, streaming):
-    lo = p * S
-    hi = lo + S
+def _fold_group(g, C, Cg, count, scale, B, epsilon, mu, q, m, a, b):
+    """Parameters of the ``Cg`` planes of group ``g`` (plane ``p`` is channel
+    ``p % C``) from the group's (mean, M2) over ``count`` elements."""
+    var = q / count
+    for p in range(g * Cg, (g + 1) * Cg):
+        c = p % C
+        fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mu, var, epsilon,
+                 m, a, b, p)
+
+
+@njit(**_INLINE)
+def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, streaming):
+    size = Cg * S
+    lo = g * size
+    hi = lo + size
     mu, q = plane_statistics(x[lo:hi])
-    mean[p] = mu
-    m2[p] = q
-    c = p % C
-    fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mu, q / S, epsilon,
-             m, a, b, p)
-    n_planes = mean.size
+    mean[g] = mu
+    m2[g] = q
+    _fold_group(g, C, Cg, size, scale, B, epsilon, mu, q, m, a, b)
+    n_planes = m.size
     if S < MIN_PLANE:
         planes_scalar(x, y, lo, hi, n_planes, S, m, a, b)
     elif streaming:
@@ -83,72 +95,76 @@ def _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, streaming)
 
 
 @njit(**KERNEL_OPTIONS)
-def fused_planes_serial(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
-    """Every plane ``p``: statistics into ``mean[p], m2[p]`` (float64), parameters
-    into ``m[p], a[p], b[p]`` (compute dtype); then Y in one planes loop. One thread,
-    for tensors that fit in cache: one loop over all planes runs vectors across plane
+def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
+    """Every group ``g`` of ``Cg`` consecutive planes (instance norm: ``Cg = 1``):
+    statistics into ``mean[g], m2[g]`` (float64), parameters of its planes ``p`` into
+    ``m[p], a[p], b[p]`` (compute dtype); then Y in one planes loop. One thread, for
+    tensors that fit in cache: one loop over all planes runs vectors across plane
     boundaries, where a loop per plane pays a scalar head and tail on every plane (a
     call on 16 planes of 8x8: 3.9 us against 1.9 us; same bits)."""
-    for p in range(mean.size):
-        lo = p * S
-        mu, q = plane_statistics(x[lo:lo + S])
-        mean[p] = mu
-        m2[p] = q
-        c = p % C
-        fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mu, q / S, epsilon,
-                 m, a, b, p)
-    scale_shift_planes_serial(x, y, mean.size, S, m, a, b)
+    size = Cg * S
+    for g in range(mean.size):
+        lo = g * size
+        mu, q = plane_statistics(x[lo:lo + size])
+        mean[g] = mu
+        m2[g] = q
+        _fold_group(g, C, Cg, size, scale, B, epsilon, mu, q, m, a, b)
+    scale_shift_planes_serial(x, y, m.size, S, m, a, b)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def fused_planes_parallel(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
-    """:func:`fused_planes_serial`, planes in parallel."""
-    for p in prange(mean.size):
-        _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, False)
+def fused_planes_parallel(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
+    """:func:`fused_planes_serial`, groups in parallel."""
+    for g in prange(mean.size):
+        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, False)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def fused_planes_streaming(x, y, C, S, scale, B, epsilon, mean, m2, m, a, b):
+def fused_planes_streaming(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
     """:func:`fused_planes_parallel` with streaming stores (``S >= MIN_PLANE``)."""
-    for p in prange(mean.size):
-        _fused_plane(x, y, p, C, S, scale, B, epsilon, mean, m2, m, a, b, True)
+    for g in prange(mean.size):
+        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, True)
         store_fence()
 
 
 @njit(**KERNEL_OPTIONS)
-def fold_planes(C, count, scale, B, epsilon, mean, m2, m, a, b):
-    """Parameters of every plane ``p`` (channel ``p % C``) from its statistics, as
-    the fused kernels fold them."""
-    for p in range(mean.size):
-        c = p % C
-        fold_one(np.float64(load(scale, c)), np.float64(load(B, c)), mean[p],
-                 m2[p] / count, epsilon, m, a, b, p)
+def fold_planes(C, Cg, count, scale, B, epsilon, mean, m2, m, a, b):
+    """Parameters of every plane ``p`` (channel ``p % C``, group ``p // Cg``) from its
+    group's statistics over ``count`` elements, as the fused kernels fold them."""
+    for g in range(mean.size):
+        _fold_group(g, C, Cg, count, scale, B, epsilon, mean[g], m2[g], m, a, b)
 
 
 @njit(parallel=True, **MOMENTS_OPTIONS)
-def merge_sample_rows(part_mean, part_m2, rows_per_sample, rows_per_block, mean, m2):
-    """Per-(n, c) (mean, M2) from :func:`~normkernels.kernels.statistics.row_partials`
-    run with one sample per n and ``P = C`` columns: the blocks of each sample are
-    combined exactly as groups, in order (see
-    :func:`~normkernels.kernels.statistics.merge_rows`), in parallel over (n, c)."""
+def merge_sample_rows(part_mean, part_m2, Cg, rows_per_sample, rows_per_block, mean, m2):
+    """Per-(n, group) (mean, M2) from :func:`~normkernels.kernels.statistics.row_partials`
+    run with one sample per n and ``P = C`` columns, groups of ``Cg`` consecutive
+    columns (instance norm: ``Cg = 1``): the blocks of each sample and the columns of
+    each group are combined exactly as groups, block by block and column by column
+    (see :func:`~normkernels.kernels.statistics.merge_rows`), in parallel over
+    (n, group)."""
     C = part_mean.shape[1]
-    blocks_per_sample = part_mean.shape[0] * C // mean.size
+    G = C // Cg
+    blocks_per_sample = part_mean.shape[0] * G // mean.size
+    count = rows_per_sample * Cg
     for item in prange(mean.size):
-        first = (item // C) * blocks_per_sample
-        c = item % C
-        shift = part_mean[first, c]
+        first = (item // G) * blocks_per_sample
+        c0 = (item % G) * Cg
+        shift = part_mean[first, c0]
         if not math.isfinite(shift):  # keep an infinite mean infinite (not inf - inf)
             shift = 0.0
         total = 0.0
         for k in range(blocks_per_sample):
             size = min(rows_per_block, rows_per_sample - k * rows_per_block)
-            total += size * difference(part_mean[first + k, c], shift)
-        mu = shift + total / rows_per_sample
+            for c in range(c0, c0 + Cg):
+                total += size * difference(part_mean[first + k, c], shift)
+        mu = shift + total / count
         q = 0.0
         for k in range(blocks_per_sample):
             size = min(rows_per_block, rows_per_sample - k * rows_per_block)
-            d = part_mean[first + k, c] - mu
-            q += part_m2[first + k, c] + size * (d * d)
+            for c in range(c0, c0 + Cg):
+                d = part_mean[first + k, c] - mu
+                q += part_m2[first + k, c] + size * (d * d)
         mean[item] = mu
         m2[item] = q
 
