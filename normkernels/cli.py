@@ -328,7 +328,7 @@ def main(argv=None):
     bench = sub.add_parser("bench", help="time the operators against the machine's "
                            "bandwidth and the peers installed (default: the default suite)")
     bench.add_argument("--workload", action="append", help="a workload name (repeatable)")
-    bench.add_argument("--suite", choices=["default", "quick", "rows", "all"],
+    bench.add_argument("--suite", choices=["default", "quick", "rows", "groups", "all"],
                        help="a set of workloads (default: default)")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")

@@ -72,14 +72,14 @@ class NumPyEngine(Engine):
             x.reshape(-1, C, S).astype(np.float64).transpose(1, 0, 2)).reshape(C, -1)
         count = np.full(C, per_channel.shape[1], np.int64)
         with np.errstate(all="ignore"):
-            mean = per_channel.mean(axis=1) if count[0] else np.zeros(C)
+            mean = _refined_mean(per_channel, 1) if count[0] else np.zeros(C)
             m2 = ((per_channel - mean[:, None]) ** 2).sum(axis=1)
         return count, mean, m2
 
     def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
         groups = x.reshape(-1, group * S).astype(np.float64)  # a group's planes: contiguous
         with np.errstate(all="ignore"):
-            mean = groups.mean(axis=1)
+            mean = _refined_mean(groups, 1)
             m2 = ((groups - mean[:, None]) ** 2).sum(axis=1)
         normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self, group)
         return mean, m2
@@ -90,7 +90,7 @@ class NumPyEngine(Engine):
         groups = np.ascontiguousarray(
             x.reshape(N, -1, G, group).astype(np.float64).transpose(0, 2, 1, 3)).reshape(N, G, -1)
         with np.errstate(all="ignore"):
-            mean = groups.mean(axis=2)
+            mean = _refined_mean(groups, 2)
             m2 = ((groups - mean[:, :, None]) ** 2).sum(axis=2)
         mean, m2 = mean.reshape(-1), m2.reshape(-1)
         normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self, group)
@@ -157,6 +157,15 @@ class NumPyEngine(Engine):
 
 
 ENGINE = NumPyEngine()
+
+
+def _refined_mean(values, axis):
+    """The float64 mean along ``axis`` plus the mean of the deviations from it: NumPy's
+    sum / n is a few ulps off for a constant non-dyadic group (7.3 repeated), where the
+    correction makes it exact, so x - mean is 0 as on the kernels' shifted sums."""
+    mean = values.mean(axis=axis)
+    correction = (values - np.expand_dims(mean, axis)).mean(axis=axis)
+    return np.where(np.isfinite(correction), mean + correction, mean)
 
 
 def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE, group=1):

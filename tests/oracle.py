@@ -342,8 +342,7 @@ def group_statistics(X, num_groups, data_format="NCX"):
     x = _f64(X)
     if data_format == "NXC" and x.ndim > 2:
         x = np.moveaxis(x, -1, 1)
-    N, C = x.shape[:2]
-    G = num_groups
+    N, G = x.shape[0], num_groups
     groups = np.ascontiguousarray(x).reshape(N, G, -1)
     mean, var = _refined_moments(groups)
     full_mean = np.broadcast_to(mean, groups.shape).reshape(x.shape)

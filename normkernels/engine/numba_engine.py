@@ -145,36 +145,33 @@ class NumbaEngine(Engine):
     def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
         xs, ys = _views(x, y)
         R = xs.size // (N * C)
-        rows = policy.rows_per_block(C, reductions.COLUMN_TILE,
-                                     most=min(R, policy.MAX_ROWS_PER_BLOCK))
-        blocks = -(-R // rows)
-        part_mean = np.empty((N * blocks, C))
-        part_m2 = np.empty_like(part_mean)
         path = policy.resolve_path(ys, path)
         one = "serial" if path == "serial" else "parallel"  # the statistics' path
-        with launch_guard(one):
-            _kernel(reductions.row_partials, reductions.row_partials_serial, one)(
-                xs, C, R, rows, part_mean, part_m2)
         n_groups = N * C // group
         mean, m2 = np.empty(n_groups), np.empty(n_groups)
-        with launch_guard(one):
-            _kernel(instance.merge_sample_rows, instance.merge_sample_rows_serial,
-                    one)(part_mean, part_m2, group, R, rows, mean, m2)
         cd = compute_dtype(x.dtype)
         m, a, b = np.empty(N * C, cd), np.empty(N * C, cd), np.empty(N * C, cd)
-        instance.fold_planes(C, group, R * group, storage_view(scale), storage_view(B),
-                             float(epsilon), mean, m2, m, a, b)
+        params = (storage_view(scale), storage_view(B), float(epsilon))
         if R * C >= policy.SAMPLE_CALL_MIN_ELEMENTS:
+            # sample by sample: its statistics, then its normalize while the sample is
+            # still in the last-level cache (the same partials, so the same bits)
             took("instance_rows", "per-sample")
+            G = C // group
             x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
             for n in range(N):
-                cs = slice(n * C, (n + 1) * C)
+                cs, gs = slice(n * C, (n + 1) * C), slice(n * G, (n + 1) * G)
+                _sample_moments(storage_view(x2[n]), 1, C, R, group, mean[gs], m2[gs], one)
+                instance.fold_planes(C, group, R * group, *params, mean[gs], m2[gs], m[cs],
+                                     a[cs], b[cs])
                 self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
-        else:
-            took("instance_rows", "one-launch", one)
-            with launch_guard(one):
-                _kernel(instance.normalize_rows, instance.normalize_rows_serial, one)(
-                    xs, ys, C, R, rows, m, a, b)
+            return mean, m2
+        _sample_moments(xs, N, C, R, group, mean, m2, one)
+        instance.fold_planes(C, group, R * group, *params, mean, m2, m, a, b)
+        took("instance_rows", "one-launch", one)
+        rows = _sample_block_rows(C, R)
+        with launch_guard(one):
+            _kernel(instance.normalize_rows, instance.normalize_rows_serial, one)(
+                xs, ys, C, R, rows, m, a, b)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
@@ -330,6 +327,24 @@ def _plane_moments(xs, C, S, count, mean, m2, path):
         _kernel(reductions.plane_partials, reductions.plane_partials_serial, path)(
             xs, S, part_mean, part_m2)
     reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
+
+
+def _sample_block_rows(C, R):
+    """Rows per block of the per-sample statistics (and of the one-launch normalize)."""
+    return policy.rows_per_block(C, reductions.COLUMN_TILE, most=min(R, policy.MAX_ROWS_PER_BLOCK))
+
+
+def _sample_moments(xs, N, C, R, group, mean, m2, path):
+    """Per-(n, group) (mean, M2) of NXC memory (``N`` samples of ``R`` rows of ``C``):
+    column partials per block of rows, merged per group in order."""
+    rows = _sample_block_rows(C, R)
+    part_mean = np.empty((N * -(-R // rows), C))
+    part_m2 = np.empty_like(part_mean)
+    with launch_guard(path):
+        _kernel(reductions.row_partials, reductions.row_partials_serial, path)(
+            xs, C, R, rows, part_mean, part_m2)
+        _kernel(instance.merge_sample_rows, instance.merge_sample_rows_serial, path)(
+            part_mean, part_m2, group, R, rows, mean, m2)
 
 
 def _row_moments(xs, P, C, S, count, mean, m2, path):
