@@ -1,5 +1,6 @@
-"""ONNX integration: run the normalization nodes normkernels implements (BatchNormalization,
-InstanceNormalization, LayerNormalization, RMSNormalization, and onnxruntime's
+"""ONNX integration: run the normalization nodes normkernels implements (every one of
+ONNX: BatchNormalization, InstanceNormalization, LayerNormalization, RMSNormalization,
+GroupNormalization, MeanVarianceNormalization, LpNormalization, LRN; and onnxruntime's
 SimplifiedLayerNormalization, SkipLayerNormalization and SkipSimplifiedLayerNormalization
 of the com.microsoft domain), and plug into ``onnx.reference.ReferenceEvaluator``.
 

@@ -349,14 +349,17 @@ OPERATORS = {op.name: op for op in [
     Operator("mvn", "ONNX MeanVarianceNormalization", "mean_variance_normalization",
              "mean_variance_normalization", n_params=0, family="mvn",
              onnx=Onnx("MeanVarianceNormalization", (9, 13), ("X",), None),
-             over_inference=("inference",)),
+             over_inference=("inference",)),  # the moments and normalize kernels of batchnorm
     Operator("lpnorm", "ONNX LpNormalization", "lp_normalization", "lp_normalization",
              n_params=0, family="lp",
              onnx=Onnx("LpNormalization", (1, 22), ("input",), "op_lp_normalization"),
-             torch="normalize"),
+             torch="normalize",
+             warmup=(WarmupCase("rows", (64, 100), paths=("serial", "parallel")),)),
     Operator("lrn", "ONNX LRN", "lrn", "lrn", n_params=0, family="lrn",
              onnx=Onnx("LRN", (1, 13), ("X",), "op_lrn"), torch="local_response_norm",
-             mode_kwargs={"inference": {"size": LRN_SIZE}}),
+             mode_kwargs={"inference": {"size": LRN_SIZE}},
+             warmup=(WarmupCase("planes", (2, 6, 100), paths=("serial", "parallel")),
+                     WarmupCase("rows", (2, 6, 4, 4), "NXC", paths=("serial", "parallel")))),
 ]}
 
 

@@ -40,6 +40,10 @@ INSTANCE = ["tests/test_instance_normalization.py", "tests/test_paths.py",
             "tests/test_rounding.py", "-k", "instance"]
 MOMENTS = ["tests/test_training.py", "tests/test_paths.py", "-k", "moments"]
 ROWS = ["tests/test_paths.py", "-k", "layer or rms or skip or rows"]
+GROUP = ["tests/test_groups.py", "tests/test_paths.py", "-k", "group"]
+MVN = ["tests/test_groups.py", "tests/test_paths.py", "-k", "mvn or mean_variance"]
+LP = ["tests/test_lp_lrn.py", "tests/test_paths.py", "-k", "lp"]
+LRN = ["tests/test_lp_lrn.py", "tests/test_paths.py", "-k", "lrn"]
 FAMILIES = {"bn": BN, "onednn": ONEDNN, "training": TRAINING, "instance": INSTANCE}
 SIXTEEN_BIT_OUTPUT = ("bn", "onednn", "training", "instance")
 
@@ -77,6 +81,11 @@ CACHE = "normkernels/kernels/cache.py"
 ROWS_K = "normkernels/kernels/rows.py"
 ROWS_SPEC = "normkernels/ops/rows.py"
 LN_SPEC = "normkernels/ops/layer_normalization.py"
+GN_SPEC = "normkernels/ops/group_normalization.py"
+MVN_SPEC = "normkernels/ops/mean_variance_normalization.py"
+LP_K = "normkernels/kernels/lp.py"
+LRN_K = "normkernels/kernels/lrn.py"
+DASK = "normkernels/dask.py"
 
 # bfloat16 narrowing: scalar bits path without the rounding bias, and the vector
 # bodies sent to that path instead of fptrunc
@@ -316,6 +325,52 @@ MUTATIONS = [
              "memory with Scale", [
                  (ROWS_SPEC, "elif not out.flags.writeable or plans.shares(out, X, params):",
                   "elif not out.flags.writeable:")], ["tests/test_plans.py", "-k", "row"]),
+    # group normalizations
+    mutation("scale-per-group/group", "GroupNormalization-21 takes channel c's scale from "
+             "its group's index", [
+                 (INSTANCE_K, "    for p in range(g * Cg, (g + 1) * Cg):\n        c = p % C\n",
+                  "    for p in range(g * Cg, (g + 1) * Cg):\n        c = (p // Cg) % C\n")],
+             GROUP),
+    mutation("group-count-per-channel/group", "NXC group statistics divide by the rows of "
+             "one channel, not the group's elements", [
+                 (INSTANCE_K, "    count = rows_per_sample * Cg\n",
+                  "    count = rows_per_sample\n")], GROUP),
+    mutation("group-merge-first-channel/group", "NXC group M2 leaves out the spread between "
+             "the group's channels", [
+                 (INSTANCE_K, "                q += part_m2[first + k, c] + size * (d * d)",
+                  "                q += part_m2[first + k, c]")], GROUP),
+    mutation("opset18-tiled/group", "GroupNormalization-18 tiles the per-group scale over the "
+             "channels instead of repeating it", [
+                 (GN_SPEC, "scale, bias = np.repeat(scale, C // groups), np.repeat(bias, C // "
+                  "groups)", "scale, bias = np.tile(scale, C // groups), np.tile(bias, C // "
+                  "groups)")], GROUP),
+    mutation("dask-group-m2/group", "dask: the group M2 leaves out the spread between chunks' "
+             "channel means", [
+                 (DASK, "group_m2 = (m2 + count * (mean - group_mean) ** 2)",
+                  "group_m2 = (m2 + 0 * (mean - group_mean) ** 2)")],
+             ["tests/test_dask.py", "-k", "group"]),
+    mutation("epsilon-on-variance/mvn", "MeanVarianceNormalization adds 1e-9 to the variance",
+             [(MVN_SPEC, "a64 = 1.0 / (np.sqrt(var) + EPSILON)",
+               "a64 = 1.0 / np.sqrt(var + EPSILON)")], MVN),
+    mutation("mean-residual-dropped/mvn", "MeanVarianceNormalization rounds the float64 mean "
+             "and drops its residual", [
+                 (MVN_SPEC, "b = np.where(np.isfinite(m), 0.0 - residual, 0.0).astype(cd)",
+                  "b = np.zeros(mean.shape, cd)")], MVN),
+    mutation("abs-dropped/lp", "LpNormalization p = 1 sums x, not |x| (the ONNX reference's "
+             "bug)", [(LP_K, "            total += abs(np.float64(load(xs, i)))",
+                       "            total += np.float64(load(xs, i))")], LP),
+    mutation("no-rescale/lp", "LpNormalization: no rescaling of overflowed or underflowed "
+             "float64 sums", [(LP_K, "    if total > HUGE or total < TINY:",
+                               "    if total != total:")], LP),
+    mutation("window-symmetric/lrn", "LRN's window one channel short above c for even size "
+             "(torch's mirrored window)", [
+                 (LRN_K, "    below, above = (size - 1) // 2, size // 2\n    for c in range(C):",
+                  "    below, above = size // 2, (size - 1) // 2\n    for c in range(C):")],
+             LRN),
+    mutation("alpha-not-over-size/lrn", "LRN divides alpha by the channels in the window's "
+             "reach, not by size", [
+                 (ENGINE, "args = (window, float(alpha) / int(size),",
+                  "args = (window, float(alpha) / window,")], LRN),
     mutation("error-names-nothing", "a wrong parameter length is reported without naming "
              "the parameter", [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',

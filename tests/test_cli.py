@@ -25,7 +25,8 @@ def test_workload_table_runs_and_agrees_with_numpy():
                                      for mode in op.modes])
 def test_every_operator_and_mode_of_the_table_runs_on_a_small_tensor(op, mode):
     shape = (2, 3, 8) if OPERATORS[op].rows else (2, 3, 8, 8)  # skip operators: 2-D/3-D
-    w = benchmarks.Workload(f"small-{op}-{mode}", op, shape, "float32", "NXC", mode)
+    layout = OPERATORS[op].layouts[-1]  # NXC where the operator has it
+    w = benchmarks.Workload(f"small-{op}-{mode}", op, shape, "float32", layout, mode)
     result = benchmarks.run_workload(w, repeat=1)
     assert result["max_rel_err"]["normkernels"] < 1e-5
     assert result["max_rel_err"]["numpy"] < 1e-5

@@ -139,9 +139,10 @@ def test_import_compiles_nothing():
         assert "numba" not in sys.modules, "import normkernels loaded numba"
         normkernels.batch_normalization  # loads the API, still compiles nothing
         from numba.core.dispatcher import Dispatcher
-        from normkernels.kernels import fold, instance, scale_shift, statistics
-        kernels = [k for m in (scale_shift, fold, statistics, instance) for k in vars(m).values()
-                   if isinstance(k, Dispatcher)]
+        from normkernels.kernels import (fold, inference, instance, lp, lrn, rows, scale_shift,
+                                         statistics)
+        modules = (scale_shift, fold, statistics, instance, inference, rows, lp, lrn)
+        kernels = [k for m in modules for k in vars(m).values() if isinstance(k, Dispatcher)]
         assert len(kernels) > 30, len(kernels)
         print(sum(len(k.signatures) for k in kernels))
     """)
