@@ -205,8 +205,8 @@ def test_instance_node(rng):
 
 
 def test_unsupported_nodes_are_named():
-    with pytest.raises(NotImplementedError, match="operator 'GroupNormalization'"):
-        nko.run_node(helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"]), [], 21)
+    with pytest.raises(NotImplementedError, match="operator 'Relu'"):
+        nko.run_node(helper.make_node("Relu", ["x"], ["y"]), [], 21)
     with pytest.raises(NotImplementedError, match=r"domain 'com\.microsoft'"):
         nko.run_node(helper.make_node("BatchNormalization", list("xsbmv"), ["y"],
                                       domain="com.microsoft"), [], 15)
