@@ -33,6 +33,7 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_INLINE_OPTIONS, MOMENTS_OPTIONS
+from normkernels.kernels.vectors import prefetch
 
 _INLINE = MOMENTS_INLINE_OPTIONS
 
@@ -44,6 +45,8 @@ CANCELLATION_LIMIT = 63.0 / 65.0  # amplification of rounding at most (1+r)/(1-r
 PLANE_CHUNK = 1 << 16  # elements per parallel work item of the planes kernel
 COLUMN_TILE = 4096  # columns per work item, so few wide rows still parallelise
 ROW_UNROLL = 4  # rows added to the column accumulators per sweep (docs/design.md)
+PREFETCH_BYTES = 8192  # row_partials: how far ahead it asks for rows (docs/design.md)
+LINE = 64  # bytes per cache line
 
 
 @njit(**_INLINE)
@@ -273,8 +276,16 @@ def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
             shift[j] = np.float64(load(x, first * P + j0 + j))
         s1 = np.zeros(width)
         s2 = np.zeros(width)
+        # rows this far ahead are asked for while the sweep works (short rows are many
+        # small streams the hardware prefetchers follow late: docs/design.md)
+        ahead = max(ROW_UNROLL, PREFETCH_BYTES // (P * x.itemsize))
+        step = LINE // x.itemsize
         r = first
         while r + ROW_UNROLL <= last:  # four rows per sweep of the accumulators
+            if r + ahead < last:
+                for k in range(r + ahead, min(last, r + ahead + ROW_UNROLL)):
+                    for j in range(k * P + j0, k * P + j1, step):
+                        prefetch(x, j)
             r0 = x[r * P + j0:r * P + j1]
             r1 = x[(r + 1) * P + j0:(r + 1) * P + j1]
             r2 = x[(r + 2) * P + j0:(r + 2) * P + j1]
