@@ -36,8 +36,6 @@ from normkernels.ops.common import ALL_FLOATS, BFLOAT16, FLOAT16, FLOAT32, FLOAT
 OP = "GroupNormalization"
 GROUP_NORM = "GroupNorm"  # oneDNN Graph
 STASH_TYPES = {1: FLOAT32, 10: FLOAT16, 11: FLOAT64, 16: BFLOAT16}  # the -21 body's list
-_DNNL_SRC = (FLOAT32, BFLOAT16, FLOAT16)
-_DNNL_GAMMA = {FLOAT32: (FLOAT32,), BFLOAT16: (FLOAT32, BFLOAT16), FLOAT16: (FLOAT32,)}
 
 
 @dataclass(frozen=True)
@@ -139,27 +137,18 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
 def group_norm(src, gamma=None, beta=None, *, groups, epsilon=1e-5, keep_stats=True,
                use_affine=True, data_format="NXC", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.group_norm`."""
-    from normkernels.ops.layer_norm import _check_bool
+    from normkernels.ops import layer_norm as dnnl
 
     label = GROUP_NORM
     X = common.as_array("src", src)
-    common.check_dtype(label, "src", X, _DNNL_SRC)
+    common.check_dtype(label, "src", X, dnnl.SRC)
     eps = common.check_epsilon(label, epsilon)
-    keep = _check_bool(label, "keep_stats", keep_stats)
-    affine = _check_bool(label, "use_affine", use_affine)
+    keep = dnnl._check_bool(label, "keep_stats", keep_stats)
     common.check_data_format(label, data_format)
     _check_rank(label, X, 3)
-    given = {n: v for n, v in (("gamma", gamma), ("beta", beta)) if v is not None}
-    if affine and len(given) != 2:
-        raise ValueError(f"{label}: use_affine=True needs gamma and beta (got "
-                         f"{', '.join(given) or 'neither'})")
-    if not affine and given:
-        raise ValueError(f"{label}: use_affine=False takes no gamma or beta (got "
-                         f"{', '.join(given)})")
-    params = {n: common.as_array(n, v) for n, v in given.items()}
-    for name, p in params.items():
-        common.check_dtype(label, name, p, _DNNL_GAMMA[X.dtype])
-    common.check_same_dtype(label, "T2", params)
+    # gamma and beta: LayerNorm's rules (the documents give both the same dtype table)
+    params = dnnl.affine_params(label, X, use_affine, gamma, beta,
+                                dnnl._GAMMA[dnnl.LAYER_NORM][X.dtype])
     C = common.channel_count(X, data_format)
     G = check_groups(label, "groups", groups, C)
     common.check_channel_params(label, C, params)

@@ -39,14 +39,28 @@ def _check_bool(label, name, value):
     return bool(value)
 
 
-def _params(label, X, named):
+def _params(label, X, named, allowed=None):
     """The given parameters, checked for dtype (one dtype, allowed for src's)."""
     params = {n: common.as_array(n, v) for n, v in named.items() if v is not None}
-    allowed = _GAMMA[label][X.dtype]
+    allowed = _GAMMA[label][X.dtype] if allowed is None else allowed
     for name, p in params.items():
         common.check_dtype(label, name, p, allowed)
     common.check_same_dtype(label, "T2", params)
     return params
+
+
+def affine_params(label, X, use_affine, gamma, beta, allowed=None):
+    """gamma and beta checked against ``use_affine`` (both needed with it, neither
+    allowed without) and for dtype (:func:`_params`); the given ones, as arrays."""
+    affine = _check_bool(label, "use_affine", use_affine)
+    given = [n for n, v in (("gamma", gamma), ("beta", beta)) if v is not None]
+    if affine and len(given) != 2:
+        raise ValueError(f"{label}: use_affine=True needs gamma and beta (got "
+                         f"{', '.join(given) or 'neither'})")
+    if not affine and given:
+        raise ValueError(f"{label}: use_affine=False takes no gamma or beta (got "
+                         f"{', '.join(given)})")
+    return _params(label, X, {"gamma": gamma, "beta": beta}, allowed)
 
 
 def _src(label, src, begin_norm_axis, epsilon):
@@ -67,15 +81,7 @@ def layer_norm(src, gamma=None, beta=None, *, begin_norm_axis=-1, epsilon=1e-5,
     label = LAYER_NORM
     X, a, eps = _src(label, src, begin_norm_axis, epsilon)
     keep = _check_bool(label, "keep_stats", keep_stats)
-    affine = _check_bool(label, "use_affine", use_affine)
-    given = [n for n, v in (("gamma", gamma), ("beta", beta)) if v is not None]
-    if affine and len(given) != 2:
-        raise ValueError(f"{label}: use_affine=True needs gamma and beta (got "
-                         f"{', '.join(given) or 'neither'})")
-    if not affine and given:
-        raise ValueError(f"{label}: use_affine=False takes no gamma or beta (got "
-                         f"{', '.join(given)})")
-    params = _params(label, X, {"gamma": gamma, "beta": beta})
+    params = affine_params(label, X, use_affine, gamma, beta)
     span = X.shape[a:]
     K = rows.rows_shape(X.shape, a)[1]
     for name, p in params.items():
