@@ -1,6 +1,7 @@
 """The public operators: NumPy arrays in, NumPy arrays out, Numba kernels inside."""
 
 from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import backward as _bwd
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import group_normalization as _gn
@@ -527,3 +528,62 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset=13, data_format="NCX"
     """
     return _lrn.lrn(X, size=size, alpha=alpha, beta=beta, bias=bias, opset=opset,
                     data_format=data_format, out=out, engine=ENGINE)
+
+
+def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, epsilon=1e-5,
+                                 training=True, data_format="NCX", out=None):
+    """The gradient of BatchNormalization: ``(dX, dscale, dB)``.
+
+    Training (``training=True``): ``mean`` and ``var`` are the batch mean and
+    population variance the forward normalized with (``dX`` includes their dependence
+    on X). Inference (``training=False``): the running statistics, constants, so ``dX =
+    dY * scale / sqrt(var + epsilon)``.
+
+    Parameters
+    ----------
+    dY, X : ndarray
+        One shape and float dtype (f16, bf16, f32, f64); N x C x D1 ... Dn
+        (``data_format="NCX"``), N x D1 ... Dn x C (``"NXC"``) or 1-D (C = 1); any
+        strides (dY is read in X's memory order).
+    scale, mean : ndarray
+        Shape (C,), any float dtype.
+    var : ndarray, optional
+        Shape (C,): with ``epsilon``, ``r = 1 / sqrt(var + epsilon)`` (oneDNN's and
+        PyTorch's eval-mode convention).
+    inv_std : ndarray, optional
+        Shape (C,): ``r`` itself (PyTorch's ``save_invstd``, onnxruntime's saved inverse
+        standard deviation). Exactly one of ``var`` and ``inv_std``.
+    out : ndarray, optional
+        Where to write dX (X's shape and dtype); may be dY or X itself.
+
+    Returns
+    -------
+    dX : ndarray
+        X's shape, dtype and memory order.
+    dscale, dB : ndarray
+        Shape (C,), scale's dtype: ``sum(dY * x_hat)`` and ``sum(dY)`` per channel.
+
+    Notes
+    -----
+    One reduction over (X, dY) gives every channel's ``sum(dY)`` and ``sum(dY * (x -
+    mean))`` in float64, in an order that depends only on the shape (bitwise the same
+    for any thread count); one pass writes ``dX = dY * A + (x - mean) * B + K`` in
+    float32 (float64 for float64 X), rounded once.
+    """
+    return _bwd.batch_normalization_backward(dY, X, scale, mean, var, inv_std=inv_std,
+                                             epsilon=epsilon, training=training,
+                                             data_format=data_format, out=out, engine=ENGINE)
+
+
+def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="NCX",
+                                    out=None):
+    """The gradient of InstanceNormalization: ``(dX, dscale, dB)``.
+
+    The statistics of every (n, c) are recomputed from X (float64, as the forward's);
+    ``dX`` includes their dependence on X. Arguments as
+    :func:`batch_normalization_backward` (X at least 3-D); ``dscale`` and ``dB`` sum
+    over n and the spatial axes, in scale's dtype.
+    """
+    return _bwd.instance_normalization_backward(dY, X, scale, epsilon=epsilon,
+                                                data_format=data_format, out=out,
+                                                engine=ENGINE)

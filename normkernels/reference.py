@@ -29,6 +29,7 @@ import numpy as np
 
 from normkernels.engine import Engine
 from normkernels.kernels.storage import FLOAT64, compute_dtype, row_compute_dtype
+from normkernels.ops import backward as _bwd
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
 from normkernels.ops import group_normalization as _gn
@@ -154,6 +155,23 @@ class NumPyEngine(Engine):
             else:
                 den = c_pow(base, float(beta))
             y.reshape(-1, C, S)[...] = round_once(v / den, y.dtype)
+
+    def channel_grad_sums(self, x, dy, C, S, mean, path=None):
+        """Float64 sums by NumPy (pairwise): not bit-identical to the kernels'."""
+        def per_channel(v):
+            return np.ascontiguousarray(
+                v.reshape(-1, C, S).astype(np.float64).transpose(1, 0, 2)).reshape(C, -1)
+        g = per_channel(dy)
+        with np.errstate(all="ignore"):
+            return g.sum(axis=1), (g * (per_channel(x) - mean[:, None])).sum(axis=1)
+
+    def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
+        cd = compute_dtype(x.dtype)
+        shape = (-1, C, S)
+        with np.errstate(all="ignore"):
+            result = (dy.reshape(shape).astype(cd) * a[:, None]
+                      + (x.reshape(shape).astype(cd) - m[:, None]) * b[:, None] + k[:, None])
+            dx.reshape(shape)[...] = result.astype(dx.dtype)
 
 
 ENGINE = NumPyEngine()
@@ -421,3 +439,14 @@ def c_pow(base, e):
     """Elementwise C-library ``pow`` of a float64 array (NumPy's ``power`` may use
     other approximations: SIMD pow differs from libm in the last bit)."""
     return np.asarray(_c_pow_ufunc(base, e), dtype=np.float64)
+
+
+def batch_normalization_backward(dY, X, scale, mean, var=None, **attributes):
+    """Slow twin of :func:`normkernels.batch_normalization_backward`."""
+    return _bwd.batch_normalization_backward(dY, X, scale, mean, var, engine=ENGINE,
+                                             **attributes)
+
+
+def instance_normalization_backward(dY, X, scale, **attributes):
+    """Slow twin of :func:`normkernels.instance_normalization_backward`."""
+    return _bwd.instance_normalization_backward(dY, X, scale, engine=ENGINE, **attributes)

@@ -86,6 +86,10 @@ MVN_SPEC = "normkernels/ops/mean_variance_normalization.py"
 LP_K = "normkernels/kernels/lp.py"
 LRN_K = "normkernels/kernels/lrn.py"
 DASK = "normkernels/dask.py"
+BWD_SPEC = "normkernels/ops/backward.py"
+BWD_K = "normkernels/kernels/backward.py"
+BACKWARD = ["tests/test_backward.py", "tests/test_paths.py", "-k", "grad or backward or bits "
+            "or oracle or finite or edge"]
 
 # bfloat16 narrowing: scalar bits path without the rounding bias, and the vector
 # bodies sent to that path instead of fptrunc
@@ -371,6 +375,15 @@ MUTATIONS = [
              "reach, not by size", [
                  (ENGINE, "args = (window, float(alpha) / int(size),",
                   "args = (window, float(alpha) / window,")], LRN),
+    # backward passes
+    mutation("projection-without-r/backward", "the x_hat projection of dX misses a factor r", [
+        (BWD_SPEC, "b = -a * r * dscale / count", "b = -a * dscale / count")], BACKWARD),
+    mutation("mean-residual-dropped/backward", "dX rounds the float64 mean and drops its "
+             "residual", [(BWD_SPEC, "        if cd != FLOAT64:  # the mean's residual",
+                           "        if False:  # the mean's residual")], BACKWARD),
+    mutation("rows-channel-of-column/backward", "the rows reduction assigns column j to "
+             "channel j % C, not (j // S) % C", [
+                 (BWD_K, "        c = (j // S) % C\n", "        c = j % C\n")], BACKWARD),
     mutation("error-names-nothing", "a wrong parameter length is reported without naming "
              "the parameter", [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',

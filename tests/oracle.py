@@ -482,3 +482,53 @@ def ulp_close(got, exact, dtype, terms=0):
     ok = (err <= bound) | nan | (g == target)  # g == target: infinities
     assert ok.all(), (f"{(~ok).sum()} elements off; worst {np.max(np.where(ok, 0, err / bound))}"
                       f" x the bound at {np.argwhere(~ok)[:3].tolist()}")
+
+
+# --- backward passes (specs/backward-passes.md, section 1) ---
+
+def normalization_backward(dY, X, scale, mean, inv_std, reduced, training=True):
+    """The gradient of ``y = scale * (x - mean) * inv_std + B`` in float64, the
+    statistics those of the groups that ``reduced`` (axes) spans: ``mean`` and
+    ``inv_std`` broadcast over them, ``scale`` broadcast to X. Training: ``dX = r (g -
+    <g> - x_hat <g x_hat>)`` with ``g = dY * scale``; else ``dX = scale * r * dY``.
+    Returns ``(dX, dY * x_hat)`` (the parameter gradients are sums of the second and
+    of dY)."""
+    x, dy = _f64(X), _f64(dY)
+    with np.errstate(all="ignore"):
+        x_hat = (x - mean) * inv_std
+        g = dy * scale
+        if training:
+            dX = inv_std * (g - g.mean(axis=reduced, keepdims=True)
+                            - x_hat * (g * x_hat).mean(axis=reduced, keepdims=True))
+        else:
+            dX = scale * inv_std * dy
+        return dX, dy * x_hat
+
+
+def backward_tolerance(dY, X, scale, mean, inv_std, reduced, dX_exact, out_dtype,
+                       training=True):
+    """Allowed |dX - oracle|: the kernels' float64 sums are exact to first order; dX is
+    ``dY * A + (x - m) * B + K`` with A, B, K each rounded once to the compute dtype and
+    four roundings in the expression, so each of its terms ``|A dY|``, ``|A x_hat
+    <dY x_hat>|`` (the ``(x - mean) * B`` term) and ``|A <dY>|`` (K) carries ``g(8)``,
+    plus one rounding to a 16-bit output."""
+    cd = compute_dtype(out_dtype)
+    with np.errstate(all="ignore"):
+        x_hat = (_f64(X) - mean) * inv_std
+        dy = _f64(dY)
+        a = np.abs(_f64(scale)) * inv_std
+        terms = a * np.abs(dy)
+        bound = gamma(8, cd) * terms
+        if training:
+            terms = a * (np.abs(x_hat) * np.abs((dy * x_hat).mean(axis=reduced, keepdims=True))
+                         + np.abs(dy.mean(axis=reduced, keepdims=True)))
+            # the float64 sums: M terms summed in float64 (worst case M roundings of
+            # the sum of |terms|), then the terms' own roundings
+            count = np.prod([np.shape(X)[i] for i in np.atleast_1d(reduced)])
+            sums = count * 2.0**-53 * a * (np.abs(x_hat) * np.abs(dy * x_hat).mean(
+                axis=reduced, keepdims=True) + np.abs(dy).mean(axis=reduced, keepdims=True))
+            bound = bound + gamma(8, cd) * terms + sums
+        bound = bound + 4 * 2.0 ** (-150 if cd == F32 else -1075)
+    if np.dtype(out_dtype).itemsize == 2:
+        bound = bound + 0.5 * ulp(np.abs(dX_exact) + bound, out_dtype)
+    return bound

@@ -20,6 +20,7 @@ from arrays import FLOAT_IDS, FLOATS, assert_identical, to_layout
 from numba.core.dispatcher import Dispatcher
 from oracle import (
     assert_close,
+    backward_tolerance,
     batch_norm,
     batch_statistics,
     compute_dtype,
@@ -32,6 +33,7 @@ from oracle import (
     lrn_oracle,
     mean_variance_norm,
     mvn_tolerance,
+    normalization_backward,
     rounded_statistic_tolerance,
     row_norm,
     row_tolerance,
@@ -45,6 +47,7 @@ from normkernels import reference
 from normkernels.engine import PATHS, policy, threads
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
+from normkernels.kernels import backward as backward_kernels
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
 from normkernels.kernels import lp as lp_kernels
@@ -52,6 +55,7 @@ from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import rows as rows_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
 from normkernels.kernels import statistics as statistics_kernels
+from normkernels.ops import backward as backward_spec
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import common, plans
@@ -69,7 +73,8 @@ F16, BF16, F32, F64 = FLOATS
 EPS = 1e-3
 KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
                   "instance": instance_kernels, "inference": inference_kernels,
-                  "rows": rows_kernels, "lp_kernels": lp_kernels, "lrn_kernels": lrn_kernels}
+                  "rows": rows_kernels, "lp_kernels": lp_kernels, "lrn_kernels": lrn_kernels,
+                  "backward": backward_kernels}
 
 
 @dataclass(frozen=True)
@@ -258,11 +263,21 @@ CASES.update({
 })
 GROUP_OPS = ("group", "mvn", "lp", "lrn")
 
+# backward passes: the reduction over (X, dY) and the dX pass, by planes (NCX) and rows
+CASES.update({
+    **{f"grad-planes-{p}": case("grad", (3, 4, 17, 19), "NCX",
+                                [f"grad_sums/planes/{p}", f"grad_apply/planes/{p}"], path=p)
+       for p in ("serial", "parallel")},
+    **{f"grad-rows-{p}": case("grad", (3, 4, 9, 11), "NXC",
+                              [f"grad_sums/rows/{p}", f"grad_apply/rows/{p}"], path=p)
+       for p in ("serial", "parallel")},
+})
+
 DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,
           "bn": FLOATS, "training": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS,
-          "group": FLOATS, "mvn": FLOATS, "lp": FLOATS, "lrn": FLOATS}
+          "group": FLOATS, "mvn": FLOATS, "lp": FLOATS, "lrn": FLOATS, "grad": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
@@ -360,6 +375,10 @@ def run(case, X, params, dtype, engine=ENGINE):
     if case.op == "instance":
         p = [v.astype(dtype) for v in params[:2]]
         return in_spec.instance_normalization(X, *p, epsilon=EPS, **kw), p
+    if case.op == "grad":  # dY: X's reversal; the batch statistics of X
+        p = [params[0].astype(F32), *grad_statistics(X, case.data_format)]
+        return backward_spec.batch_normalization_backward(X[::-1].copy(), X, *p, epsilon=EPS,
+                                                          **kw), p
     if case.op == "group":
         p = [v.astype(dtype) for v in params[:2]]
         groups = case.ncx_shape[1] // 2
@@ -373,6 +392,14 @@ def run(case, X, params, dtype, engine=ENGINE):
     if case.op == "lrn":
         return lrn_spec.lrn(X, size=4, alpha=0.9, **kw), []
     return moments_spec.partial_statistics(X, case.data_format, engine, path=case.path), []
+
+
+def grad_statistics(X, fmt):
+    """The float64 batch mean and population variance of every channel of X."""
+    x = np.moveaxis(X.astype(F64), -1, 1) if fmt == "NXC" else X.astype(F64)
+    axes = (0, *range(2, x.ndim))
+    with np.errstate(all="ignore"):
+        return x.mean(axis=axes), x.var(axis=axes)
 
 
 def lp_axis(X):
@@ -439,6 +466,21 @@ def check_with_oracle(case, X, params, result):
     elif case.op == "instance":
         exact, mean, var = instance_norm(X, *params, EPS, fmt)
         assert_close(result, exact, instance_tolerance(X, *params, mean, var, EPS, fmt, X.dtype))
+    elif case.op == "grad":
+        dX, dscale, dB = result
+        x, dy = X.astype(F64), X[::-1].astype(F64)
+        if fmt == "NXC":
+            x, dy = np.moveaxis(x, -1, 1), np.moveaxis(dy, -1, 1)
+        C = x.shape[1]
+        shape, axes = (1, C) + (1,) * (x.ndim - 2), (0, *range(2, x.ndim))
+        mean, var = params[1].reshape(shape), params[2].reshape(shape)
+        s, r = params[0].astype(F64).reshape(shape), 1 / np.sqrt(var + EPS)
+        exact, dyx = normalization_backward(dy, x, s, mean, r, axes)
+        tol = backward_tolerance(dy, x, s, mean, r, axes, exact, X.dtype)
+        back = (lambda v: np.moveaxis(v, 1, -1)) if fmt == "NXC" else (lambda v: v)
+        assert_close(dX, back(exact), back(tol), "dX")
+        assert_close(dB, dy.sum(axis=axes), 1e-6 * np.abs(dy).sum(axis=axes), "dB")
+        assert_close(dscale, dyx.sum(axis=axes), 1e-6 * np.abs(dyx).sum(axis=axes), "dscale")
     elif case.op == "group":
         exact, mean, var, s, b = group_norm(X, *params, case.ncx_shape[1] // 2, EPS, fmt)
         assert_close(result, exact, group_tolerance(X, s, b, mean, var, EPS, fmt, X.dtype))
@@ -520,7 +562,22 @@ def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
     arrange(monkeypatch, case)
     result, params = run(case, X, params, dtype)
     assert case.routes <= set(routes_taken)
+    if case.op == "grad":  # a non-finite X or dY makes its channel's dX all NaN or inf
+        check_grad_confinement(X, case.data_format, result[0])
+        return
     check_with_oracle(case, X, params, result)
+
+
+def check_grad_confinement(X, fmt, dX):
+    """The channels where X or dY (X reversed) holds NaN or Inf are not finite; the
+    others are finite."""
+    x = np.moveaxis(X, -1, 1) if fmt == "NXC" else X
+    d = np.moveaxis(dX, -1, 1) if fmt == "NXC" else dX
+    axes = (0, *range(2, x.ndim))
+    bad = ~np.isfinite(x.astype(F64)).all(axis=axes) | ~np.isfinite(x[::-1].astype(F64)).all(
+        axis=axes)
+    finite = np.isfinite(d.astype(F64)).all(axis=axes)
+    assert bad.any() and np.array_equal(finite, ~bad)
 
 
 def test_every_route_has_a_case():
@@ -591,6 +648,9 @@ class KernelStatisticsTwin:
                                         group)
         reference.normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, group=group)
         return mean, m2
+
+    def channel_grad_sums(self, x, dy, C, S, mean, path=None):
+        return ENGINE.channel_grad_sums(x, dy, C, S, mean, path)
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):

@@ -70,6 +70,16 @@ class Engine:
         raise NotImplementedError
 
 
+    def channel_grad_sums(self, x, dy, C, S, mean, path=None):
+        """Per-channel ``(sum(dy), sum(dy * (x - mean[c])))`` in float64 of
+        C-contiguous ``x`` and ``dy`` (the backward passes' reduction)."""
+        raise NotImplementedError
+
+    def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
+        """``dx = dy * a[c] + (x - m[c]) * b[c] + k[c]`` in the compute dtype, rounded
+        once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""
+        raise NotImplementedError
+
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
         """Row normalization of 2-D ``x`` (``M`` rows of ``K``, each row contiguous)

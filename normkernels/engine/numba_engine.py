@@ -12,7 +12,7 @@ import numpy as np
 from normkernels.engine import Engine, policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import inference, instance, rows
+from normkernels.kernels import backward, inference, instance, rows
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import scale_shift as loops
@@ -276,6 +276,46 @@ class NumbaEngine(Engine):
                 N = xs.size // (C * S)
                 _kernel(lrn_kernels.planes_parallel, lrn_kernels.planes_serial, one)(
                     xs, ys, C, S, policy.lrn_chunk(N, C, S), *args)
+
+    def channel_grad_sums(self, x, dy, C, S, mean, path=None):
+        xs, dys = _views(x, dy)
+        total1, total2 = np.empty(C), np.empty(C)
+        path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
+        with launch_guard(path):
+            if S >= backward.GRAD_MIN_PLANE:
+                took("grad_sums", "planes", path)
+                chunks = -(-S // reductions.PLANE_CHUNK)
+                part1 = np.empty(xs.size // S * chunks)
+                part2 = np.empty_like(part1)
+                _kernel(backward.plane_sums, backward.plane_sums_serial, path)(
+                    xs, dys, C, S, mean, part1, part2)
+                backward.merge_plane_sums(part1, part2, C, S, total1, total2)
+            else:
+                took("grad_sums", "rows", path)
+                P = C * S
+                rows = max(1, backward.ROW_BLOCK_ELEMENTS // P)
+                blocks = -(-(xs.size // P) // rows)
+                part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
+                _kernel(backward.row_sums, backward.row_sums_serial, path)(
+                    xs, dys, P, rows, np.repeat(mean, S), part1, part2)
+                backward.merge_row_sums(part1, part2, C, S, total1, total2)
+        return total1, total2
+
+    def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
+        xs, dys = _views(x, dy)
+        dxs = storage_view(dx.ravel())
+        path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
+        with launch_guard(path):
+            if S >= backward.GRAD_MIN_PLANE:
+                took("grad_apply", "planes", path)
+                _kernel(backward.apply_planes, backward.apply_planes_serial, path)(
+                    xs, dys, dxs, C, S, m, a, b, k)
+            else:
+                took("grad_apply", "rows", path)
+                P = C * S
+                tables = [np.repeat(v, S) for v in (m, a, b, k)]
+                _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
+                    xs, dys, dxs, P, max(1, backward.ROW_BLOCK_ELEMENTS // P), *tables)
 
 
 ENGINE = NumbaEngine()

@@ -1,0 +1,177 @@
+"""Backward passes of the per-channel normalizations: the reduction over (X, dY) and
+the pass that writes dX.
+
+Layout contract as elsewhere: element ``i`` of the flat arrays belongs to channel
+``(i // S) % C``. Two shapes of loop each, chosen by ``S``:
+
+* **planes** (``S >= GRAD_MIN_PLANE``: NCX): the reduction's work items are chunks of
+  ``PLANE_CHUNK`` elements of one plane, each giving one partial pair; the dX pass
+  runs over blocks of elements with one channel's coefficients per plane segment.
+* **rows** (small ``S``: NXC, short planes): X is rows of ``P = C * S`` columns; each
+  block of rows is reduced per column (vectorised across the columns); the dX pass
+  uses per-column tables of the coefficients.
+
+The reduction gives, per channel, ``sum(dY)`` and ``sum(dY * (x - mean))`` in float64
+(16-bit inputs widened exactly). Partials are merged in a fixed order (plane by
+plane and chunk by chunk, or block by block and column by column), and the partition
+depends only on the shape, so the sums are bitwise the same for any thread count.
+The dX pass computes ``dY * A + (x - m) * B + K`` in the compute dtype (float32;
+float64 for float64 X) and rounds once to X's dtype; it may write over dY.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
+from normkernels.kernels.elements import load, store
+from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS
+from normkernels.kernels.statistics import PLANE_CHUNK
+
+GRAD_MIN_PLANE = 256  # planes at least this long are reduced and written plane by plane
+ROW_BLOCK_ELEMENTS = 1 << 16  # elements per work item of the rows loops (about)
+APPLY_BLOCK = 1 << 16  # elements per work item of the planes dX pass
+
+
+# --- the reduction ---
+
+@njit(**MOMENTS_OPTIONS)
+def _span_sums(x, dy, mu):
+    """``(sum dy, sum dy * (x - mu))`` of two slices in float64. Compiled apart (not
+    inlined) so its reassociation (vectorised sums) stays inside it."""
+    s1 = 0.0
+    s2 = 0.0
+    for i in range(x.size):
+        g = np.float64(load(dy, i))
+        s1 += g
+        s2 += g * (np.float64(load(x, i)) - mu)
+    return s1, s2
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def plane_sums(x, dy, C, S, mean, part1, part2):
+    """Partials of every (plane, chunk): ``part*[p * chunks + k]``, plane ``p`` of
+    channel ``p % C`` reduced around ``mean[p % C]``."""
+    chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
+    for item in prange(part1.size):
+        p = item // chunks
+        lo = p * S + (item % chunks) * PLANE_CHUNK
+        hi = min((p + 1) * S, lo + PLANE_CHUNK)
+        part1[item], part2[item] = _span_sums(x[lo:hi], dy[lo:hi], mean[p % C])
+
+
+@njit(**KERNEL_OPTIONS)
+def merge_plane_sums(part1, part2, C, S, total1, total2):
+    """Per-channel sums of :func:`plane_sums`' partials, plane by plane and chunk by
+    chunk (no reassociation: a fixed order)."""
+    chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
+    n_planes = part1.size // chunks
+    for c in range(C):
+        t1 = 0.0
+        t2 = 0.0
+        for p in range(c, n_planes, C):
+            for k in range(p * chunks, (p + 1) * chunks):
+                t1 += part1[k]
+                t2 += part2[k]
+        total1[c] = t1
+        total2[c] = t2
+
+
+@njit(**MOMENTS_OPTIONS)
+def _add_row_sums(x, dy, mu, s1, s2):
+    """``s1[j] += dy[j]``, ``s2[j] += dy[j] * (x[j] - mu[j])``: vectorised across the
+    columns, each column's sum in order of the rows."""
+    for j in range(x.size):
+        g = np.float64(load(dy, j))
+        s1[j] += g
+        s2[j] += g * (np.float64(load(x, j)) - mu[j])
+
+
+@njit(**KERNEL_OPTIONS)
+def _row_block_sums(x, dy, P, first, last, mu, s1, s2):
+    for j in range(P):
+        s1[j] = 0.0
+        s2[j] = 0.0
+    for r in range(first, last):
+        _add_row_sums(x[r * P:(r + 1) * P], dy[r * P:(r + 1) * P], mu, s1, s2)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
+    """Partials per (row block, column) of rows of ``P`` columns; ``mu[j]`` is the mean
+    of column ``j``'s channel."""
+    n_rows = x.size // P
+    for blk in prange(part1.shape[0]):
+        first = blk * rows_per_block
+        _row_block_sums(x, dy, P, first, min(n_rows, first + rows_per_block), mu,
+                        part1[blk], part2[blk])
+
+
+@njit(**KERNEL_OPTIONS)
+def merge_row_sums(part1, part2, C, S, total1, total2):
+    """Per-channel sums of :func:`row_sums`' partials (column ``j`` of rows of ``P``
+    is channel ``(j // S) % C``): blocks in order, then columns in order."""
+    P = part1.shape[1]
+    for c in range(C):
+        total1[c] = 0.0
+        total2[c] = 0.0
+    for j in range(P):
+        t1 = 0.0
+        t2 = 0.0
+        for blk in range(part1.shape[0]):
+            t1 += part1[blk, j]
+            t2 += part2[blk, j]
+        c = (j // S) % C
+        total1[c] += t1
+        total2[c] += t2
+
+
+# --- the dX pass ---
+
+@njit(**KERNEL_OPTIONS)
+def _apply_run(x, dy, dx, m, a, b, k):
+    """``dx = dy * a + (x - m) * b + k`` over three slices of one channel."""
+    for i in range(x.size):
+        store(dx, i, load(dy, i) * a + (load(x, i) - m) * b + k)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def apply_planes(x, dy, dx, C, S, m, a, b, k):
+    """dX of every element, blocks of ``APPLY_BLOCK`` elements in parallel, one
+    channel's coefficients per plane segment."""
+    n = x.size
+    for blk in prange((n + APPLY_BLOCK - 1) // APPLY_BLOCK):
+        lo = blk * APPLY_BLOCK
+        hi = min(n, lo + APPLY_BLOCK)
+        while lo < hi:
+            p = lo // S
+            end = min(hi, (p + 1) * S)
+            c = p % C
+            _apply_run(x[lo:end], dy[lo:end], dx[lo:end], m[c], a[c], b[c], k[c])
+            lo = end
+
+
+@njit(**KERNEL_OPTIONS)
+def _apply_row(x, dy, dx, m, a, b, k):
+    """One row against per-column tables (vectorised across the columns)."""
+    for j in range(x.size):
+        store(dx, j, load(dy, j) * a[j] + (load(x, j) - m[j]) * b[j] + k[j])
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def apply_rows(x, dy, dx, P, rows_per_block, m, a, b, k):
+    """dX of rows of ``P`` columns with per-column coefficient tables, blocks of rows
+    in parallel."""
+    n_rows = x.size // P
+    for blk in prange((n_rows + rows_per_block - 1) // rows_per_block):
+        first = blk * rows_per_block
+        for r in range(first, min(n_rows, first + rows_per_block)):
+            lo = r * P
+            _apply_row(x[lo:lo + P], dy[lo:lo + P], dx[lo:lo + P], m, a, b, k)
+
+
+# one-thread twins (see normkernels.kernels.cache.serial_twin)
+plane_sums_serial = serial_twin(plane_sums, **KERNEL_OPTIONS)
+row_sums_serial = serial_twin(row_sums, **KERNEL_OPTIONS)
+apply_planes_serial = serial_twin(apply_planes, **KERNEL_OPTIONS)
+apply_rows_serial = serial_twin(apply_rows, **KERNEL_OPTIONS)

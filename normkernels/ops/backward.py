@@ -1,0 +1,199 @@
+"""Backward passes of BatchNormalization and InstanceNormalization (spec layer).
+
+Per statistic group (a channel for BatchNormalization in training, an (n, c) for
+InstanceNormalization) of M elements with mean ``mu`` and ``r = 1 / sqrt(var +
+epsilon)``, ``x_hat = (x - mu) * r`` and ``g = dY * scale``, the gradient of ``Y =
+scale * x_hat + B`` is (specs/backward-passes.md, section 1)::
+
+    dX     = r * (g - <g> - x_hat * <g * x_hat>)      (<.>: the group's mean)
+    dscale = sum of dY * x_hat,   dB = sum of dY       (per channel)
+
+With the running statistics (``training=False``) mu and r are constants: ``dX = scale
+* r * dY``. Both are ``dX = dY * A + (x - mu) * B + K`` per group, with
+``A = scale * r``, ``B = -A * r * dscale / M``, ``K = -A * dB / M`` (0 in eval mode):
+one reduction over (X, dY) gives ``sum(dY)`` and ``sum(dY * (x - mu))`` per group in
+float64, the coefficients are folded in float64 (the mean rounded to the compute dtype
+with its residual folded into K, as the forward folds it), and one pass writes dX.
+"""
+
+import math
+
+import numpy as np
+
+from normkernels.kernels.storage import FLOAT64, compute_dtype
+from normkernels.ops import common
+from normkernels.ops.common import ALL_FLOATS
+
+BN = "BatchNormalizationBackward"
+IN = "InstanceNormalizationBackward"
+
+
+def _arrays(label, dY, X, params):
+    """dY and X: one float dtype, one shape; parameters: float, shape (C,) later."""
+    X = common.as_array("X", X)
+    dY = common.as_array("dY", dY)
+    common.check_dtype(label, "X", X, ALL_FLOATS)
+    common.check_dtype(label, "dY", dY, ALL_FLOATS)
+    if dY.dtype != X.dtype:
+        raise TypeError(f"{label}: dY must have X's dtype ({X.dtype}), got {dY.dtype}")
+    if dY.shape != X.shape:
+        raise ValueError(f"{label}: dY must have X's shape {X.shape}, got {dY.shape}")
+    arrays = {n: common.as_array(n, v) for n, v in params.items() if v is not None}
+    for name, arr in arrays.items():
+        common.check_dtype(label, name, arr, ALL_FLOATS)
+    return dY, X, arrays
+
+
+def _check_out(label, out, X, dY, params):
+    """``out`` (dX): X's shape and dtype, writeable; it may be dY or X itself (each
+    element is read before it is written), and shares memory with nothing else."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{label}: out must be a numpy.ndarray, got {type(out).__name__}")
+    if out.shape != X.shape or out.dtype != X.dtype:
+        raise ValueError(f"{label}: out must have the shape and dtype of X "
+                         f"({X.shape}, {X.dtype}), got ({out.shape}, {out.dtype})")
+    if not out.flags.writeable:
+        raise ValueError(f"{label}: out is read-only")
+    for name, arr in (("X", X), ("dY", dY)):
+        if (np.shares_memory(out, arr) and not common._same_view(out, arr)):
+            raise ValueError(f"{label}: out overlaps {name} without being {name} itself "
+                             f"(in place needs out={name} exactly)")
+    for name, p in params.items():
+        if np.shares_memory(out, p):
+            raise ValueError(f"{label}: out shares memory with {name}")
+
+
+def _same_layout(X, dY, data_format):
+    """``(x, dy, order, S)``: X and dY as C-contiguous views (or copies) in X's memory
+    order, channel ``c`` of flat element ``i`` being ``(i // S) % C``."""
+    X, order, S = common._layout_or_copy(X, data_format)
+    dy = dY.transpose(order)
+    if not dy.flags.c_contiguous:
+        dy = np.ascontiguousarray(dy)
+    return X.transpose(order), dy, order, S
+
+
+def _inv_std(label, var, inv_std, epsilon):
+    """``r`` in float64 from exactly one of ``var`` (with epsilon) and ``inv_std``."""
+    if (var is None) == (inv_std is None):
+        raise ValueError(f"{label}: give exactly one of var (with epsilon) and inv_std, got "
+                         f"{'both' if var is not None else 'neither'}")
+    if inv_std is not None:
+        return np.asarray(inv_std, np.float64)
+    eps = common.check_epsilon(label, epsilon)
+    with np.errstate(all="ignore"):
+        return 1.0 / np.sqrt(np.asarray(var, np.float64) + eps)
+
+
+def fold(scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
+    """``(m, A, B, K)`` in the compute dtype of ``dtype``, and float64 ``(dscale, dB)``,
+    per group, from the float64 sums over ``count`` elements per group."""
+    cd = compute_dtype(dtype)
+    with np.errstate(all="ignore"):
+        dscale = r * sum_dyx
+        a = scale * r
+        if training:
+            b = -a * r * dscale / count
+            k = -a * sum_dy / count
+        else:
+            b = np.zeros_like(a)
+            k = np.zeros_like(a)
+        m = mean.astype(cd)
+        if cd != FLOAT64:  # the mean's residual, as the forward folds it
+            k = k + np.where(np.isfinite(m), b * (m.astype(np.float64) - mean), 0.0)
+        return (m, a.astype(cd), b.astype(cd), k.astype(cd)), dscale, sum_dy
+
+
+def _result(X, order, dx, out):
+    """dX in X's memory order (``out`` when given)."""
+    dX = dx.transpose(np.argsort(order)) if order is not None else dx
+    if out is not None and dX is not out:
+        if not np.shares_memory(dX, out):
+            np.copyto(out, dX)
+        return out
+    return dX
+
+
+def _target(x, dy, out, order, X, dY):
+    """Where the kernel writes dX: ``out`` (or dY / X, when out is one of them) seen in
+    the kernel's order when that is contiguous, else a new array."""
+    if out is not None:
+        view = out.transpose(order)
+        if view.flags.c_contiguous:
+            return view
+    return np.empty_like(x)
+
+
+def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, epsilon=1e-5,
+                                 training=True, data_format="NCX", out=None, engine,
+                                 path=None):
+    """Spec layer of :func:`normkernels.batch_normalization_backward`."""
+    label = BN
+    dY, X, params = _arrays(label, dY, X, {"scale": scale, "mean": mean, "var": var,
+                                           "inv_std": inv_std})
+    if not isinstance(training, (bool, np.bool_)):
+        raise TypeError(f"{label}: training must be a bool, got {type(training).__name__}")
+    common.check_data_format(label, data_format)
+    C = common.channel_count(X, data_format)
+    common.check_channel_params(label, C, params)
+    r = _inv_std(label, params.get("var"), params.get("inv_std"), epsilon)
+    if out is not None:
+        _check_out(label, out, X, dY, params)
+    pdtype = params["scale"].dtype
+    if X.size == 0:
+        zeros = np.zeros(C, pdtype)
+        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+    x, dy, order, S = _same_layout(X, dY, data_format)
+    mean64 = params["mean"].astype(np.float64)
+    sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
+    coefficients, dscale, dB = fold(params["scale"].astype(np.float64), mean64, r, sum_dy,
+                                    sum_dyx, X.size // C, bool(training), X.dtype)
+    dx = _target(x, dy, out, order, X, dY)
+    engine.grad_apply(x, dy, dx, C, S, *coefficients, path)
+    return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+
+
+def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="NCX",
+                                    out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.instance_normalization_backward`: the statistics
+    of every (n, c) recomputed from X (the moments kernels), then the same reduction
+    and dX pass with each (n, c) a group."""
+    label = IN
+    dY, X, params = _arrays(label, dY, X, {"scale": scale})
+    common.check_data_format(label, data_format)
+    if X.ndim < 3:
+        raise ValueError(f"{label}: X must have at least 3 dimensions (N x C x D1 ...), got "
+                         f"shape {X.shape}")
+    C = common.channel_count(X, data_format)
+    common.check_channel_params(label, C, params)
+    eps = common.check_epsilon(label, epsilon)
+    if out is not None:
+        _check_out(label, out, X, dY, params)
+    pdtype = params["scale"].dtype
+    N = X.shape[0]
+    spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
+    if X.size == 0 or spatial == 0:
+        if spatial == 0 and N * C > 0:
+            raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent")
+        zeros = np.zeros(C, pdtype)
+        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+    x, dy, order, S = _same_layout(X, dY, data_format)
+    dx = _target(x, dy, out, order, X, dY)
+    scale64 = np.tile(params["scale"].astype(np.float64), N)
+    if S == spatial:  # channels-first memory: N * C planes, each its own group
+        groups, per, views = N * C, spatial, [(x, dy, dx)]
+    else:  # channels-last memory: one call per sample, C groups of rows
+        groups, per = C, 1
+        views = [(x[n], dy[n], dx[n]) for n in range(N)]
+    dscale = np.zeros(C)
+    dB = np.zeros(C)
+    for i, (xv, dyv, dxv) in enumerate(views):
+        _, mean, m2 = engine.channel_moments(xv, groups, per, path)
+        r = 1.0 / np.sqrt(m2 / spatial + eps)
+        s = scale64 if groups == N * C else scale64[i * C:(i + 1) * C]
+        sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, groups, per, mean, path)
+        coefficients, ds, db = fold(s, mean, r, sum_dy, sum_dyx, spatial, True, X.dtype)
+        engine.grad_apply(xv, dyv, dxv, groups, per, *coefficients, path)
+        dscale += ds.reshape(-1, C).sum(axis=0)
+        dB += db.reshape(-1, C).sum(axis=0)
+    return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)

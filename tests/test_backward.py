@@ -1,0 +1,366 @@
+"""Backward passes of BatchNormalization and InstanceNormalization: against the float64
+formulas of specs/backward-passes.md (tests/oracle.py), central finite differences of
+the float64 forward, the NumPy twin, PyTorch's autograd where torch is installed, on
+every route; in place, out=, NaN confinement, edge groups and hostile input."""
+
+import concurrent.futures
+
+import numpy as np
+import pytest
+from arrays import FLOAT_IDS, FLOATS, assert_identical
+from oracle import assert_close, backward_tolerance, normalization_backward
+
+import normkernels as nk
+from normkernels import reference
+from normkernels.engine import policy
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import backward as spec
+
+F16, BF16, F32, F64 = FLOATS
+EPS = 1e-5
+
+
+def channels_first(A, fmt):
+    return np.moveaxis(A, -1, 1) if fmt == "NXC" and A.ndim > 2 else A
+
+
+def layout(A, fmt):
+    return np.ascontiguousarray(np.moveaxis(A, 1, -1)) if fmt == "NXC" and A.ndim > 2 else A
+
+
+def bn_case(rng, shape, dtype, fmt, offset=3.0):
+    """X (each channel its own mean and spread), dY, scale of both signs, and the batch
+    statistics of X (float64, population variance)."""
+    C = shape[1] if len(shape) > 1 else 1
+    cshape = (1, C) + (1,) * (len(shape) - 2) if len(shape) > 1 else (1,)
+    X = (rng.standard_normal(shape) * rng.uniform(0.5, 2, C).reshape(cshape)
+         + offset * rng.uniform(-1, 1, C).reshape(cshape))
+    X = layout(X.astype(dtype), fmt)
+    dY = layout(rng.standard_normal(shape).astype(dtype), fmt)
+    scale = (rng.uniform(0.5, 2, C) * rng.choice([-1, 1], C)).astype(F32)
+    x = channels_first(X.astype(F64), fmt)
+    axes = (0, *range(2, x.ndim)) if x.ndim > 1 else (0,)
+    return X, dY, scale, np.atleast_1d(x.mean(axis=axes)), np.atleast_1d(x.var(axis=axes))
+
+
+def bn_expected(dY, X, scale, mean, var, fmt, training=True):
+    x, dy = channels_first(X, fmt), channels_first(dY, fmt)
+    C = mean.size
+    shape = (1, C) + (1,) * (x.ndim - 2) if x.ndim > 1 else (C,)
+    axes = (0, *range(2, x.ndim)) if x.ndim > 1 else (0,)
+    r = (1 / np.sqrt(var + EPS)).reshape(shape)
+    m, s = mean.reshape(shape), scale.astype(F64).reshape(shape)
+    dX, dyx = normalization_backward(dy, x, s, m, r, axes, training)
+    tol = backward_tolerance(dy, x, s, m, r, axes, dX, X.dtype, training)
+    back = (lambda v: np.moveaxis(v, 1, -1)) if fmt == "NXC" and x.ndim > 2 else (lambda v: v)
+    return back(dX), back(tol), dyx.sum(axis=axes), dy.astype(F64).sum(axis=axes)
+
+
+def check_parameters(dscale, dB, exact_dscale, exact_dB, dY):
+    """dscale and dB: float64 sums (exact to first order) rounded once to scale's dtype,
+    within a few float64 roundings of the sum of |terms| besides."""
+    n = dY.size
+    slack = 1e-13 * n * np.abs(dY.astype(F64)).max() * 10
+    for got, exact, what in ((dscale, exact_dscale, "dscale"), (dB, exact_dB, "dB")):
+        assert got.dtype == F32
+        assert_close(got, exact, np.abs(exact) * 2.0**-24 + slack + 1e-30, what)
+
+
+SHAPES = {"4d": (4, 3, 17, 19), "long-planes": (2, 3, 300, 300), "short-planes": (8, 3, 5, 5),
+          "2d": (50, 4), "1d": (70,), "3d": (3, 5, 7), "5d": (2, 3, 4, 5, 6),
+          "n1": (1, 4, 9, 9), "c1": (5, 1, 8, 8)}
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "eval"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_batch_normalization_backward_matches_oracle(rng, name, dtype, fmt, training):
+    X, dY, scale, mean, var = bn_case(rng, SHAPES[name], dtype, fmt)
+    before = (X.copy(), dY.copy(), scale.copy())
+    dX, dscale, dB = nk.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                     training=training, data_format=fmt)
+    for a, b in zip((X, dY, scale), before, strict=True):
+        assert_identical(a, b)  # inputs untouched
+    assert dX.dtype == dtype and dX.shape == X.shape
+    exact, tol, exact_dscale, exact_dB = bn_expected(dY, X, scale, mean, var, fmt, training)
+    assert_close(dX, exact, tol, "dX")
+    check_parameters(dscale, dB, exact_dscale, exact_dB, dY)
+    twin = reference.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                  training=training, data_format=fmt)
+    assert_close(twin[0], exact, tol, "twin dX")
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_inv_std_is_the_same_as_var(rng, fmt):
+    X, dY, scale, mean, var = bn_case(rng, (4, 3, 9, 11), F32, fmt)
+    a = nk.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS, data_format=fmt)
+    b = nk.batch_normalization_backward(dY, X, scale, mean, inv_std=1 / np.sqrt(var + EPS),
+                                        data_format=fmt)
+    for u, v in zip(a, b, strict=True):
+        assert_identical(u, v)
+
+
+def forward_f64(X, scale, B, fmt, instance=False):
+    """Training-mode BN (or instance norm) forward in float64, statistics from X."""
+    x = channels_first(X, fmt)
+    axes = (2, *range(3, x.ndim)) if instance else (0, *range(2, x.ndim))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = x.var(axis=axes, keepdims=True)
+    C = x.shape[1]
+    shape = (1, C) + (1,) * (x.ndim - 2)
+    y = (x - mean) / np.sqrt(var + EPS) * scale.reshape(shape) + B.reshape(shape)
+    return np.moveaxis(y, 1, -1) if fmt == "NXC" else y
+
+
+@pytest.mark.parametrize("instance", [False, True], ids=["batchnorm", "instancenorm"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_gradients_agree_with_finite_differences(rng, fmt, instance):
+    """float64, central differences of sum(dY * Y) in every element of X, scale and B."""
+    shape = (2, 3, 2, 3)
+    X = layout(rng.standard_normal(shape) + 0.5, fmt)
+    dY = layout(rng.standard_normal(shape), fmt)
+    scale, B = rng.uniform(0.5, 2, 3), rng.standard_normal(3)
+    if instance:
+        dX, dscale, dB = nk.instance_normalization_backward(dY, X, scale, epsilon=EPS,
+                                                            data_format=fmt)
+    else:
+        x = channels_first(X, fmt)
+        mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+        dX, dscale, dB = nk.batch_normalization_backward(dY, X, scale, mean, var,
+                                                         epsilon=EPS, data_format=fmt)
+    h = 1e-6
+
+    def loss(X_, s_, b_):
+        return float((dY * forward_f64(X_, s_, b_, fmt, instance)).sum())
+
+    numeric = np.empty_like(X)
+    for i in np.ndindex(X.shape):
+        up, down = X.copy(), X.copy()
+        up[i] += h
+        down[i] -= h
+        numeric[i] = (loss(up, scale, B) - loss(down, scale, B)) / (2 * h)
+    np.testing.assert_allclose(dX, numeric, rtol=1e-6, atol=1e-6)
+    for k in range(3):
+        e = np.zeros(3)
+        e[k] = h
+        ds = (loss(X, scale + e, B) - loss(X, scale - e, B)) / (2 * h)
+        db = (loss(X, scale, B + e) - loss(X, scale, B - e)) / (2 * h)
+        assert dscale[k] == pytest.approx(ds, rel=1e-6, abs=1e-6)
+        assert dB[k] == pytest.approx(db, rel=1e-6, abs=1e-6)
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    taken = []
+    monkeypatch.setattr(policy, "_trace", taken.append)
+    monkeypatch.setattr(policy, "ASLEEP_SERIAL_FACTOR", 0)
+    return taken
+
+
+ROUTE_CASES = [("grad_sums/planes", "grad_apply/planes", (2, 3, 17, 19), "NCX"),
+               ("grad_sums/rows", "grad_apply/rows", (2, 3, 17, 19), "NXC"),
+               ("grad_sums/rows", "grad_apply/rows", (40, 3, 5, 5), "NCX")]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("sums,apply,shape,fmt", ROUTE_CASES)
+def test_every_route_gives_the_same_bits(rng, routes, sums, apply, shape, fmt, dtype):
+    """Serial and parallel kernels (and the streaming path, which runs the parallel
+    ones) give the same bits: the partition depends only on the shape."""
+    X, dY, scale, mean, var = bn_case(rng, shape, dtype, fmt)
+    results = []
+    for path in ("serial", "parallel", "streaming"):
+        routes.clear()
+        results.append(spec.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                         data_format=fmt, engine=ENGINE,
+                                                         path=path))
+        one = "serial" if path == "serial" else "parallel"
+        assert {f"{sums}/{one}", f"{apply}/{one}"} <= set(routes)
+        assert set(routes) <= set(policy.ROUTES)
+    exact, tol, _, _ = bn_expected(dY, X, scale, mean, var, fmt)
+    assert_close(results[0][0], exact, tol)
+    for other in results[1:]:
+        for u, v in zip(results[0], other, strict=True):
+            assert_identical(u, v)
+
+
+def test_the_twin_writes_the_kernels_bits_given_their_sums(rng):
+    """Everything after the sums (folding, the dX pass, rounding) is the twin's."""
+    for dtype in FLOATS:
+        X, dY, scale, mean, var = bn_case(rng, (3, 4, 6, 7), dtype, "NCX")
+
+        class KernelSums(type(reference.ENGINE)):
+            def channel_grad_sums(self, x, dy, C, S, mean, path=None):
+                return ENGINE.channel_grad_sums(x, dy, C, S, mean, path)
+
+        got = nk.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS)
+        twin = spec.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                 engine=KernelSums())
+        for u, v in zip(got, twin, strict=True):
+            assert_identical(u, v)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_instance_normalization_backward_matches_oracle(rng, dtype, fmt):
+    shape = (3, 4, 9, 11)
+    X = layout((rng.standard_normal(shape) * 2 + rng.uniform(-3, 3, (3, 4, 1, 1)))
+               .astype(dtype), fmt)
+    dY = layout(rng.standard_normal(shape).astype(dtype), fmt)
+    scale = (rng.uniform(0.5, 2, 4) * rng.choice([-1, 1], 4)).astype(dtype)
+    dX, dscale, dB = nk.instance_normalization_backward(dY, X, scale, epsilon=EPS,
+                                                        data_format=fmt)
+    assert dX.dtype == dscale.dtype == dB.dtype == dtype
+    x, dy = channels_first(X.astype(F64), fmt), channels_first(dY.astype(F64), fmt)
+    mean = x.mean(axis=(2, 3), keepdims=True)
+    r = 1 / np.sqrt(x.var(axis=(2, 3), keepdims=True) + EPS)
+    s = scale.astype(F64).reshape(1, 4, 1, 1)
+    exact, dyx = normalization_backward(dy, x, s, mean, r, (2, 3))
+    tol = backward_tolerance(dy, x, s, mean, r, (2, 3), exact, dtype)
+    back = (lambda v: np.moveaxis(v, 1, -1)) if fmt == "NXC" else (lambda v: v)
+    assert_close(dX, back(exact), back(tol), "dX")
+    rounding = 2.0 ** -(8 if dtype == BF16 else 11 if dtype == F16 else 24)
+    for got, want in ((dscale, dyx.sum(axis=(0, 2, 3))), (dB, dy.sum(axis=(0, 2, 3)))):
+        assert_close(got, want, np.abs(want) * rounding + 1e-9)
+    twin = reference.instance_normalization_backward(dY, X, scale, epsilon=EPS,
+                                                     data_format=fmt)
+    assert_close(twin[0], back(exact), back(tol), "twin dX")
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_in_place_and_out(rng, fmt):
+    X, dY, scale, mean, var = bn_case(rng, (3, 4, 9, 11), F32, fmt)
+    want = nk.batch_normalization_backward(dY, X, scale, mean, var, data_format=fmt)
+    out = np.empty_like(X)
+    got = nk.batch_normalization_backward(dY, X, scale, mean, var, data_format=fmt, out=out)
+    assert got[0] is out
+    assert_identical(out, want[0])
+    d = dY.copy()
+    got = nk.batch_normalization_backward(d, X, scale, mean, var, data_format=fmt, out=d)
+    assert got[0] is d
+    assert_identical(d, want[0])
+    x = X.copy()
+    got = nk.batch_normalization_backward(dY, x, scale, mean, var, data_format=fmt, out=x)
+    assert_identical(x, want[0])
+    want_in = nk.instance_normalization_backward(dY, X, scale, data_format=fmt)
+    d = dY.copy()
+    got = nk.instance_normalization_backward(d, X, scale, data_format=fmt, out=d)
+    assert got[0] is d
+    assert_identical(d, want_in[0])
+
+
+def test_views_and_memory_order(rng):
+    """A strided view, and dY in another memory order than X: the same bits as
+    contiguous copies; dX keeps X's memory order."""
+    X, dY, scale, mean, var = bn_case(rng, (4, 3, 10, 12), F32, "NCX")
+    big = np.zeros((4, 3, 20, 12), F32)
+    big[:, :, ::2] = X
+    view = big[:, :, ::2]
+    want = nk.batch_normalization_backward(dY, X, scale, mean, var)
+    got = nk.batch_normalization_backward(dY, view, scale, mean, var)
+    assert_identical(got[0], want[0])
+    last = np.ascontiguousarray(np.moveaxis(X, 1, -1))
+    xl = np.moveaxis(last, -1, 1)  # NCX logically, channels last in memory
+    got = nk.batch_normalization_backward(dY, xl, scale, mean, var)
+    assert got[0].transpose(0, 2, 3, 1).flags.c_contiguous
+    exact, tol, _, _ = bn_expected(dY, X, scale, mean, var, "NCX")
+    assert_close(got[0], exact, tol)
+
+
+def test_edge_groups(rng):
+    """One element per channel (dX = 0, dscale = 0), a constant channel
+    (dX = r (g - <g>)), NaN confined to its channel."""
+    X = rng.standard_normal((1, 3, 1, 1))
+    dY = rng.standard_normal(X.shape)
+    s = np.ones(3)
+    dX, dscale, dB = nk.batch_normalization_backward(dY, X, s, X.reshape(3), np.zeros(3))
+    assert np.all(np.abs(dX) <= 1e-12) and np.all(dscale == 0)
+    np.testing.assert_allclose(dB, dY.reshape(3))
+    X = np.full((2, 2, 3, 3), 7.3)
+    dY = rng.standard_normal(X.shape)
+    dX, dscale, _ = nk.batch_normalization_backward(dY, X, np.ones(2), np.full(2, 7.3),
+                                                    np.zeros(2))
+    r = 1 / np.sqrt(EPS)
+    np.testing.assert_allclose(dX, r * (dY - dY.mean(axis=(0, 2, 3), keepdims=True)),
+                               rtol=1e-12, atol=1e-9)
+    assert np.all(dscale == 0)
+    X, dY, scale, mean, var = bn_case(rng, (3, 4, 5, 6), F32, "NCX")
+    X[1, 2, 3, 4] = np.nan
+    x = X.astype(F64)
+    mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    dX, dscale, dB = nk.batch_normalization_backward(dY, X, scale, mean, var)
+    assert np.isnan(dX[:, 2]).all() and not np.isnan(dX[:, [0, 1, 3]]).any()
+    assert np.isnan(dscale[2]) and not np.isnan(dscale[[0, 1, 3]]).any()
+    assert not np.isnan(dB[[0, 1, 3]]).any()
+
+
+def test_threads_at_once(rng):
+    X, dY, scale, mean, var = bn_case(rng, (4, 8, 64, 64), F32, "NCX")
+    want = nk.batch_normalization_backward(dY, X, scale, mean, var)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        runs = list(pool.map(lambda _: nk.batch_normalization_backward(dY, X, scale, mean,
+                                                                       var), range(8)))
+    for got in runs:
+        for u, v in zip(got, want, strict=True):
+            assert_identical(u, v)
+
+
+def test_hostile_input(rng):
+    X, dY, scale, mean, var = bn_case(rng, (2, 3, 4, 5), F32, "NCX")
+    f = nk.batch_normalization_backward
+    with pytest.raises(ValueError, match=r"exactly one of var .* and inv_std, got both"):
+        f(dY, X, scale, mean, var, inv_std=var)
+    with pytest.raises(ValueError, match=r"exactly one of var .* and inv_std, got neither"):
+        f(dY, X, scale, mean)
+    with pytest.raises(ValueError, match=r"dY must have X's shape"):
+        f(dY[:1], X, scale, mean, var)
+    with pytest.raises(TypeError, match=r"dY must have X's dtype"):
+        f(dY.astype(F64), X, scale, mean, var)
+    with pytest.raises(ValueError, match=r"scale must have shape \(3,\)"):
+        f(dY, X, scale[:2], mean, var)
+    with pytest.raises(ValueError, match=r"inv_std must have shape \(3,\)"):
+        f(dY, X, scale, mean, inv_std=var[:2])
+    with pytest.raises(TypeError, match=r"X .*int32"):
+        f(dY.astype(np.int32), X.astype(np.int32), scale, mean, var)
+    with pytest.raises(TypeError, match="training must be a bool"):
+        f(dY, X, scale, mean, var, training=1)
+    with pytest.raises(ValueError, match="epsilon"):
+        f(dY, X, scale, mean, var, epsilon=float("nan"))
+    with pytest.raises(ValueError, match="data_format"):
+        f(dY, X, scale, mean, var, data_format="NHWC")
+    with pytest.raises(ValueError, match="out overlaps dY"):
+        big = np.empty((2, 3, 4, 10), F32)
+        d = big[..., :5]
+        d[...] = dY
+        f(d, X, scale, mean, var, out=big[..., 1:6])
+    with pytest.raises(ValueError, match="out is read-only"):
+        ro = np.empty_like(X)
+        ro.flags.writeable = False
+        f(dY, X, scale, mean, var, out=ro)
+    with pytest.raises(ValueError, match="out shares memory with scale"):
+        buf = np.ones(3, F32)
+        f(np.ones((1, 3), F32), np.ones((1, 3), F32), buf, mean, var, out=buf.reshape(1, 3))
+    with pytest.raises(ValueError, match="at least 3 dimensions"):
+        nk.instance_normalization_backward(np.ones((2, 3), F32), np.ones((2, 3), F32),
+                                           np.ones(3, F32))
+    empty = np.empty((0, 3, 4, 5), F32)
+    dX, dscale, dB = f(empty, empty, scale, mean, var)
+    assert dX.shape == empty.shape and np.all(dscale == 0) and np.all(dB == 0)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_agrees_with_torch(rng, fmt):
+    torch = pytest.importorskip("torch", reason="torch not installed (an optional peer)")
+    X, dY, scale, mean, var = bn_case(rng, (4, 3, 9, 11), F64, fmt)
+    xt = torch.from_numpy(channels_first(X, fmt).copy()).requires_grad_(True)
+    w = torch.from_numpy(scale.astype(F64)).requires_grad_(True)
+    b = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    y = torch.nn.functional.batch_norm(xt, None, None, w, b, training=True, eps=EPS)
+    y.backward(torch.from_numpy(channels_first(dY, fmt).copy()))
+    dX, dscale, dB = nk.batch_normalization_backward(dY, X, scale.astype(F64), mean, var,
+                                                     epsilon=EPS, data_format=fmt)
+    np.testing.assert_allclose(channels_first(dX, fmt), xt.grad.numpy(), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(dscale, w.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(dB, b.grad.numpy(), rtol=1e-10)
