@@ -364,3 +364,21 @@ def test_agrees_with_torch(rng, fmt):
                                atol=1e-12)
     np.testing.assert_allclose(dscale, w.grad.numpy(), rtol=1e-10)
     np.testing.assert_allclose(dB, b.grad.numpy(), rtol=1e-10)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+def test_large_offsets(rng, dtype, fmt):
+    """|mean| 1e4 with std 1: the mean rounded to float32 is 5e-4 off, which dX keeps
+    only through the residual folded into K; and dY correlated with X, so the x_hat
+    projection is large."""
+    X, _, scale, mean, var = bn_case(rng, (8, 3, 30, 30), dtype, fmt, offset=1e4)
+    dY = (0.5 * (X - layout(np.broadcast_to(mean.reshape(1, 3, 1, 1), (8, 3, 30, 30)), fmt))
+          + layout(rng.standard_normal((8, 3, 30, 30)), fmt)).astype(dtype)
+    for training in (True, False):
+        dX, dscale, dB = nk.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                         training=training, data_format=fmt)
+        exact, tol, exact_dscale, exact_dB = bn_expected(dY, X, scale, mean, var, fmt,
+                                                         training)
+        assert_close(dX, exact, tol, "dX")
+        check_parameters(dscale, dB, exact_dscale, exact_dB, dY)
