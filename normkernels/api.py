@@ -587,3 +587,17 @@ def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="
     return _bwd.instance_normalization_backward(dY, X, scale, epsilon=epsilon,
                                                 data_format=data_format, out=out,
                                                 engine=ENGINE)
+
+
+def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data_format="NCX",
+                                 out=None):
+    """The gradient of GroupNormalization-21 (scale per channel): ``(dX, dscale, dB)``.
+
+    The statistics of every (n, group) are recomputed from X (float64); ``dX`` includes
+    their dependence on X. Arguments as :func:`batch_normalization_backward` (X at least
+    2-D; ``num_groups`` must divide C); ``dscale`` and ``dB`` sum over n and the spatial
+    axes, in scale's dtype.
+    """
+    return _bwd.group_normalization_backward(dY, X, scale, num_groups=num_groups,
+                                             epsilon=epsilon, data_format=data_format, out=out,
+                                             engine=ENGINE)

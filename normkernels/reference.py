@@ -450,3 +450,8 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, **attributes):
 def instance_normalization_backward(dY, X, scale, **attributes):
     """Slow twin of :func:`normkernels.instance_normalization_backward`."""
     return _bwd.instance_normalization_backward(dY, X, scale, engine=ENGINE, **attributes)
+
+
+def group_normalization_backward(dY, X, scale, **attributes):
+    """Slow twin of :func:`normkernels.group_normalization_backward`."""
+    return _bwd.group_normalization_backward(dY, X, scale, engine=ENGINE, **attributes)

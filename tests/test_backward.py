@@ -382,3 +382,109 @@ def test_large_offsets(rng, dtype, fmt):
                                                          training)
         assert_close(dX, exact, tol, "dX")
         check_parameters(dscale, dB, exact_dscale, exact_dB, dY)
+
+
+def group_expected(dY, X, scale, G, fmt):
+    """GroupNormalization-21's gradient in float64 (the fact sheet's formula, the
+    statistic group (n, group)), its tolerance, and the parameter gradients."""
+    x, dy = channels_first(X.astype(F64), fmt), channels_first(dY.astype(F64), fmt)
+    N, C = x.shape[:2]
+    gx, gdy = x.reshape(N, G, -1), dy.reshape(N, G, -1)
+    mean = gx.mean(axis=2, keepdims=True)
+    r = 1 / np.sqrt(gx.var(axis=2, keepdims=True) + EPS)
+    s = np.broadcast_to(scale.astype(F64).reshape((1, C) + (1,) * (x.ndim - 2)),
+                        x.shape).reshape(N, G, -1)
+    exact, dyx = normalization_backward(gdy, gx, s, mean, r, 2)
+    tol = backward_tolerance(gdy, gx, s, mean, r, 2, exact, X.dtype)
+    back = (lambda v: np.moveaxis(v.reshape(x.shape), 1, -1)) if fmt == "NXC" else (
+        lambda v: v.reshape(x.shape))
+    axes = (0, *range(2, x.ndim))
+    return back(exact), back(tol), dyx.reshape(x.shape).sum(axis=axes), dy.sum(axis=axes)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("shape,G", [((3, 6, 9, 11), 3), ((2, 4, 300, 300), 2), ((5, 6), 2),
+                                     ((2, 8, 3, 4, 5), 8), ((2, 6, 7), 1)])
+def test_group_normalization_backward_matches_oracle(rng, shape, G, dtype, fmt):
+    C = shape[1]
+    X = layout((rng.standard_normal(shape) * 2 + 3).astype(dtype), fmt)
+    dY = layout(rng.standard_normal(shape).astype(dtype), fmt)
+    scale = (rng.uniform(0.5, 2, C) * rng.choice([-1, 1], C)).astype(dtype)
+    dX, dscale, dB = nk.group_normalization_backward(dY, X, scale, num_groups=G, epsilon=EPS,
+                                                     data_format=fmt)
+    assert dX.dtype == dscale.dtype == dB.dtype == dtype
+    exact, tol, exact_dscale, exact_dB = group_expected(dY, X, scale, G, fmt)
+    assert_close(dX, exact, tol, "dX")
+    rounding = 2.0 ** -(8 if dtype == BF16 else 11 if dtype == F16 else 24)
+    for got, want in ((dscale, exact_dscale), (dB, exact_dB)):
+        assert_close(got, want, np.abs(want) * rounding + 1e-9)
+    twin = reference.group_normalization_backward(dY, X, scale, num_groups=G, epsilon=EPS,
+                                                  data_format=fmt)
+    assert_close(twin[0], exact, tol, "twin dX")
+    if G == C:  # groups of one channel: instance normalization
+        inst = nk.instance_normalization_backward(dY, X, scale, epsilon=EPS, data_format=fmt)
+        assert_close(inst[0], exact, tol, "instance dX")
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_group_gradients_agree_with_finite_differences(rng, fmt):
+    shape, G = (2, 4, 2, 3), 2
+    X = layout(rng.standard_normal(shape) + 0.5, fmt)
+    dY = layout(rng.standard_normal(shape), fmt)
+    scale, B = rng.uniform(0.5, 2, 4), rng.standard_normal(4)
+
+    def loss(X_, s_, b_):
+        x = channels_first(X_, fmt)
+        g = x.reshape(2, G, -1)
+        y = ((g - g.mean(axis=2, keepdims=True)) / np.sqrt(g.var(axis=2, keepdims=True) + EPS)
+             ).reshape(x.shape) * s_.reshape(1, 4, 1, 1) + b_.reshape(1, 4, 1, 1)
+        return float((channels_first(dY, fmt) * y).sum())
+
+    dX, dscale, dB = nk.group_normalization_backward(dY, X, scale, num_groups=G, epsilon=EPS,
+                                                     data_format=fmt)
+    h = 1e-6
+    numeric = np.empty_like(X)
+    for i in np.ndindex(X.shape):
+        up, down = X.copy(), X.copy()
+        up[i] += h
+        down[i] -= h
+        numeric[i] = (loss(up, scale, B) - loss(down, scale, B)) / (2 * h)
+    np.testing.assert_allclose(dX, numeric, rtol=1e-6, atol=1e-6)
+    for k in range(4):
+        e = np.zeros(4)
+        e[k] = h
+        assert dscale[k] == pytest.approx((loss(X, scale + e, B) - loss(X, scale - e, B))
+                                          / (2 * h), rel=1e-6, abs=1e-6)
+        assert dB[k] == pytest.approx((loss(X, scale, B + e) - loss(X, scale, B - e))
+                                      / (2 * h), rel=1e-6, abs=1e-6)
+
+
+def test_group_backward_agrees_with_torch(rng):
+    torch = pytest.importorskip("torch", reason="torch not installed (an optional peer)")
+    X = rng.standard_normal((3, 6, 5, 7)) + 2
+    dY = rng.standard_normal(X.shape)
+    scale, B = rng.uniform(0.5, 2, 6), rng.standard_normal(6)
+    xt = torch.from_numpy(X.copy()).requires_grad_(True)
+    w = torch.from_numpy(scale.copy()).requires_grad_(True)
+    b = torch.from_numpy(B.copy()).requires_grad_(True)
+    torch.nn.functional.group_norm(xt, 3, w, b, eps=EPS).backward(torch.from_numpy(dY))
+    dX, dscale, dB = nk.group_normalization_backward(dY, X, scale, num_groups=3, epsilon=EPS)
+    np.testing.assert_allclose(dX, xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dscale, w.grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(dB, b.grad.numpy(), rtol=1e-10)
+
+
+def test_group_backward_errors_and_in_place(rng):
+    X = rng.standard_normal((2, 6, 4, 4)).astype(F32)
+    dY = rng.standard_normal(X.shape).astype(F32)
+    s = np.ones(6, F32)
+    with pytest.raises(ValueError, match="num_groups must divide the number of channels"):
+        nk.group_normalization_backward(dY, X, s, num_groups=4)
+    with pytest.raises(ValueError, match=r"scale must have shape \(6,\)"):
+        nk.group_normalization_backward(dY, X, s[:3], num_groups=3)
+    want = nk.group_normalization_backward(dY, X, s, num_groups=3)
+    d = dY.copy()
+    got = nk.group_normalization_backward(d, X, s, num_groups=3, out=d)
+    assert got[0] is d
+    assert_identical(d, want[0])

@@ -1,4 +1,5 @@
-"""Backward passes of BatchNormalization and InstanceNormalization (spec layer).
+"""Backward passes of BatchNormalization, InstanceNormalization and GroupNormalization
+(spec layer).
 
 Per statistic group (a channel for BatchNormalization in training, an (n, c) for
 InstanceNormalization) of M elements with mean ``mu`` and ``r = 1 / sqrt(var +
@@ -26,6 +27,7 @@ from normkernels.ops.common import ALL_FLOATS
 
 BN = "BatchNormalizationBackward"
 IN = "InstanceNormalizationBackward"
+GN = "GroupNormalizationBackward"
 
 
 def _arrays(label, dY, X, params):
@@ -85,10 +87,21 @@ def _inv_std(label, var, inv_std, epsilon):
         return 1.0 / np.sqrt(np.asarray(var, np.float64) + eps)
 
 
+def rounded(mean, a, b, k, dtype):
+    """``(m, A, B, K)`` in the compute dtype of ``dtype`` from float64 coefficients of
+    ``dY * a + (x - mean) * b + k``: the mean rounded, its residual folded into K (as
+    the forward folds it)."""
+    cd = compute_dtype(dtype)
+    with np.errstate(all="ignore"):
+        m = mean.astype(cd)
+        if cd != FLOAT64:  # the mean's residual, as the forward folds it
+            k = k + np.where(np.isfinite(m), b * (m.astype(np.float64) - mean), 0.0)
+        return m, a.astype(cd), b.astype(cd), k.astype(cd)
+
+
 def fold(scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
     """``(m, A, B, K)`` in the compute dtype of ``dtype``, and float64 ``(dscale, dB)``,
     per group, from the float64 sums over ``count`` elements per group."""
-    cd = compute_dtype(dtype)
     with np.errstate(all="ignore"):
         dscale = r * sum_dyx
         a = scale * r
@@ -98,10 +111,7 @@ def fold(scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
         else:
             b = np.zeros_like(a)
             k = np.zeros_like(a)
-        m = mean.astype(cd)
-        if cd != FLOAT64:  # the mean's residual, as the forward folds it
-            k = k + np.where(np.isfinite(m), b * (m.astype(np.float64) - mean), 0.0)
-        return (m, a.astype(cd), b.astype(cd), k.astype(cd)), dscale, sum_dy
+    return rounded(mean, a, b, k, dtype), dscale, sum_dy
 
 
 def _result(X, order, dx, out):
@@ -196,4 +206,74 @@ def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="
         engine.grad_apply(xv, dyv, dxv, groups, per, *coefficients, path)
         dscale += ds.reshape(-1, C).sum(axis=0)
         dB += db.reshape(-1, C).sum(axis=0)
+    return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+
+
+def _merge_groups(count, mean, m2, group):
+    """Per-group ``(count, mean, M2)`` of consecutive runs of ``group`` partials
+    (float64, exact merges of the partials' moments)."""
+    n = count.reshape(-1, group).astype(np.float64)
+    mu = mean.reshape(-1, group)
+    total = n.sum(axis=1)
+    with np.errstate(all="ignore"):
+        gmean = (n * mu).sum(axis=1) / total
+        gm2 = (m2.reshape(-1, group) + n * (mu - gmean[:, None]) ** 2).sum(axis=1)
+    return total, gmean, gm2
+
+
+def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data_format="NCX",
+                                 out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.group_normalization_backward` (GroupNormalization-21:
+    scale per channel). Per (n, group) of M elements, with ``g = dY * scale[c]``: ``dX =
+    r (g - <g> - x_hat <g x_hat>)``, that is ``dY * scale[c] r + (x - mu) * B + K`` with
+    ``B = -r^3 sum(g (x - mu)) / M`` and ``K = -r sum(g) / M``: the per-(n, c) sums of
+    the reduction weighted by scale and added per group."""
+    from normkernels.ops.group_normalization import check_groups
+
+    label = GN
+    dY, X, params = _arrays(label, dY, X, {"scale": scale})
+    common.check_data_format(label, data_format)
+    if X.ndim < 2:
+        raise ValueError(f"{label}: X must have at least 2 dimensions (N x C ...), got shape "
+                         f"{X.shape}")
+    C = common.channel_count(X, data_format)
+    common.check_channel_params(label, C, params)
+    G = check_groups(label, "num_groups", num_groups, C)
+    eps = common.check_epsilon(label, epsilon)
+    if out is not None:
+        _check_out(label, out, X, dY, params)
+    pdtype = params["scale"].dtype
+    N, Cg = X.shape[0], C // G
+    spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
+    if X.size == 0 or spatial == 0:
+        if spatial == 0 and N * C > 0:
+            raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent")
+        zeros = np.zeros(C, pdtype)
+        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+    x, dy, order, S = _same_layout(X, dY, data_format)
+    dx = _target(x, dy, out, order, X, dY)
+    scale64 = params["scale"].astype(np.float64)
+    if S == spatial:  # channels-first memory: N * C planes, a group's planes contiguous
+        views, planes, per = [(x, dy, dx)], N * C, spatial
+    else:  # channels-last memory: one call per sample, C columns
+        views, planes, per = [(x[n], dy[n], dx[n]) for n in range(N)], C, 1
+    gamma = np.tile(scale64, planes // C)
+    dscale, dB = np.zeros(C), np.zeros(C)
+    for xv, dyv, dxv in views:
+        count, mean, m2 = engine.channel_moments(xv, planes, per, path)
+        M, gmean, gm2 = _merge_groups(count, mean, m2, Cg)
+        with np.errstate(all="ignore"):
+            r = 1.0 / np.sqrt(gm2 / M + eps)
+        mu = np.repeat(gmean, Cg)  # each plane reduced around its group's mean
+        sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per, mu, path)
+        with np.errstate(all="ignore"):
+            g1 = (gamma * sum_dy).reshape(-1, Cg).sum(axis=1)
+            g2 = (gamma * sum_dyx).reshape(-1, Cg).sum(axis=1)
+            rp = np.repeat(r, Cg)
+            a = gamma * rp
+            b = np.repeat(-r * r * r * g2 / M, Cg)
+            k = np.repeat(-r * g1 / M, Cg)
+            dscale += (rp * sum_dyx).reshape(-1, C).sum(axis=0)
+            dB += sum_dy.reshape(-1, C).sum(axis=0)
+        engine.grad_apply(xv, dyv, dxv, planes, per, *rounded(mu, a, b, k, X.dtype), path)
     return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
