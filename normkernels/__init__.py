@@ -8,9 +8,10 @@ __version__ = "0.1.0"
 __all__ = ["batch_norm_inference", "batch_normalization", "batch_normalization_backward", "bind",
            "group_norm", "group_normalization", "group_normalization_backward",
            "instance_normalization", "instance_normalization_backward", "layer_norm",
-           "layer_normalization", "lp_normalization", "lrn",
-           "mean_variance_normalization", "merge_moments", "moments", "partial_moments",
-           "rms_norm", "rms_normalization", "simplified_layer_normalization",
+           "layer_normalization", "layer_normalization_backward", "lp_normalization",
+           "lrn", "mean_variance_normalization", "merge_moments", "moments",
+           "partial_moments", "rms_norm", "rms_normalization",
+           "rms_normalization_backward", "simplified_layer_normalization",
            "skip_layer_normalization", "skip_simplified_layer_normalization"]
 
 

@@ -601,3 +601,26 @@ def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data
     return _bwd.group_normalization_backward(dY, X, scale, num_groups=num_groups,
                                              epsilon=epsilon, data_format=data_format, out=out,
                                              engine=ENGINE)
+
+
+def layer_normalization_backward(dY, X, Scale, *, axis=-1, epsilon=1e-5, stash_type=1,
+                                 out=None):
+    """The gradient of LayerNormalization: ``(dX, dScale, dB)``.
+
+    Per row (the axes ``axis..``) the mean and variance are recomputed from X (float64,
+    two passes while the row is in cache); ``dX = r (g - <g> - x_hat <g x_hat>)`` with
+    ``g = dY * Scale`` is evaluated in float64 and rounded once to X's dtype. ``dScale``
+    and ``dB`` have Scale's shape and dtype (summed over every row, and over the axes
+    Scale is broadcast along). ``stash_type`` is checked as the forward checks it; the
+    arithmetic is float64 whatever its value. ``out``: dX's destination, may be dY.
+    """
+    return _bwd.layer_normalization_backward(dY, X, Scale, axis=axis, epsilon=epsilon,
+                                             stash_type=stash_type, out=out, engine=ENGINE)
+
+
+def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, out=None):
+    """The gradient of RMSNormalization: ``(dX, dscale)``, ``dX = r (g - x_hat <g
+    x_hat>)`` with ``r = 1 / sqrt(mean(x^2) + epsilon)``, ``x_hat = x r``, ``g = dY *
+    scale``; as :func:`layer_normalization_backward` otherwise."""
+    return _bwd.rms_normalization_backward(dY, X, scale, axis=axis, epsilon=epsilon, out=out,
+                                           engine=ENGINE)

@@ -173,6 +173,19 @@ class NumPyEngine(Engine):
                       + (x.reshape(shape).astype(cd) - m[:, None]) * b[:, None] + k[:, None])
             dx.reshape(shape)[...] = result.astype(dx.dtype)
 
+    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, path=None):
+        K = x.shape[1]
+        with np.errstate(all="ignore"):
+            xv, d = x.astype(np.float64), dy.astype(np.float64)
+            mean = xv.mean(axis=1, keepdims=True) if centered else np.zeros((len(xv), 1))
+            r = 1.0 / np.sqrt(((xv - mean) ** 2).sum(axis=1, keepdims=True) / K + epsilon)
+            x_hat = (xv - mean) * r
+            g = d * gamma
+            mg = g.mean(axis=1, keepdims=True) if centered else 0.0
+            result = r * (g - mg - x_hat * (g * x_hat).mean(axis=1, keepdims=True))
+        dx[...] = round_once(result, dx.dtype)
+        return (d * x_hat).sum(axis=0), d.sum(axis=0)
+
 
 ENGINE = NumPyEngine()
 
@@ -455,3 +468,13 @@ def instance_normalization_backward(dY, X, scale, **attributes):
 def group_normalization_backward(dY, X, scale, **attributes):
     """Slow twin of :func:`normkernels.group_normalization_backward`."""
     return _bwd.group_normalization_backward(dY, X, scale, engine=ENGINE, **attributes)
+
+
+def layer_normalization_backward(dY, X, Scale, **attributes):
+    """Slow twin of :func:`normkernels.layer_normalization_backward`."""
+    return _bwd.layer_normalization_backward(dY, X, Scale, engine=ENGINE, **attributes)
+
+
+def rms_normalization_backward(dY, X, scale, **attributes):
+    """Slow twin of :func:`normkernels.rms_normalization_backward`."""
+    return _bwd.rms_normalization_backward(dY, X, scale, engine=ENGINE, **attributes)

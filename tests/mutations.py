@@ -383,6 +383,9 @@ MUTATIONS = [
     mutation("rows-channel-of-column/backward", "the rows reduction assigns column j to "
              "channel j % C, not (j // S) % C", [
                  (BWD_K, "        c = (j // S) % C\n", "        c = j % C\n")], BACKWARD),
+    mutation("row-mean-of-g-dropped/backward", "LayerNorm backward leaves out <g> (as "
+             "RMSNorm's)", [(BWD_K, "    mg = sg / K if centered else 0.0",
+                             "    mg = 0.0")], BACKWARD),
     mutation("error-names-nothing", "a wrong parameter length is reported without naming "
              "the parameter", [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',

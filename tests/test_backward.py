@@ -488,3 +488,155 @@ def test_group_backward_errors_and_in_place(rng):
     got = nk.group_normalization_backward(d, X, s, num_groups=3, out=d)
     assert got[0] is d
     assert_identical(d, want[0])
+
+
+def rows_expected(dY, X, scale, a, centered):
+    """LayerNorm / RMSNorm gradient in float64 over the axes ``a..``, its tolerance
+    (float64 arithmetic rounded once: half an ulp of dX plus float64's error on the
+    terms), and the column sums."""
+    x, dy = X.astype(F64), dY.astype(F64)
+    axes = tuple(range(a, X.ndim))
+    mean = x.mean(axis=axes, keepdims=True) if centered else 0.0
+    r = 1 / np.sqrt(((x - mean) ** 2).mean(axis=axes, keepdims=True) + EPS)
+    s = np.broadcast_to(scale.astype(F64), X.shape[a:])
+    x_hat = (x - mean) * r
+    g = dy * s
+    mg = g.mean(axis=axes, keepdims=True) if centered else 0.0
+    mgx = (g * x_hat).mean(axis=axes, keepdims=True)
+    exact = r * (g - mg - x_hat * mgx)
+    K = np.prod(X.shape[a:])
+    terms = np.abs(r) * (np.abs(g) + np.abs(mg) + np.abs(x_hat) * np.abs(mgx)
+                         + np.abs(x_hat) * (np.abs(g) * np.abs(x_hat)).mean(axis=axes,
+                                                                               keepdims=True))
+    tol = 2.0**-53 * (K + 10) * terms + 1e-300
+    if X.dtype != F64:  # one rounding of the float64 result
+        tol = tol + half_ulp(exact, X.dtype)
+    lead = tuple(range(a))
+    rows = int(np.prod(X.shape[:a]))
+    u = 2.0**-53
+    # a float64 sum over the rows, and x_hat's own error (the mean a sum of K terms)
+    hat_error = (K + 20) * u * r * (np.abs(x) + np.abs(mean))
+    return (exact, tol, (dy * x_hat).sum(axis=lead), dy.sum(axis=lead),
+            ((rows + 2) * u * np.abs(dy * x_hat) + np.abs(dy) * hat_error).sum(axis=lead),
+            (rows + 2) * u * np.abs(dy).sum(axis=lead))
+
+
+def half_ulp(values, dtype):
+    """Half the spacing of ``dtype`` at ``|values|`` (in float64)."""
+    bits, low = {F16: (10, -14), BF16: (7, -126), F32: (23, -126)}[np.dtype(dtype)]
+    e = np.floor(np.log2(np.maximum(np.abs(values), 2.0**low)))  # subnormals: fixed spacing
+    return 2.0 ** (e - bits - 1)
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("shape,axis", [((16, 100), -1), ((3, 4, 70), -1), ((2, 3, 4, 5), 2),
+                                        ((5, 1), -1), ((1, 5000), -1), ((7,), 0)])
+def test_row_backward_matches_oracle(rng, shape, axis, dtype, centered):
+    X = (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+    dY = rng.standard_normal(shape).astype(dtype)
+    a = axis % len(shape)
+    scale = (rng.uniform(0.5, 2, shape[a:]) * rng.choice([-1, 1], shape[a:])).astype(dtype)
+    if centered:
+        dX, dscale, dB = nk.layer_normalization_backward(dY, X, scale, axis=axis, epsilon=EPS)
+        twin = reference.layer_normalization_backward(dY, X, scale, axis=axis, epsilon=EPS)
+    else:
+        dX, dscale = nk.rms_normalization_backward(dY, X, scale, axis=axis, epsilon=EPS)
+        twin = reference.rms_normalization_backward(dY, X, scale, axis=axis, epsilon=EPS)
+    exact, tol, exact_dscale, exact_dB, slack_dscale, slack_dB = rows_expected(
+        dY, X, scale, a, centered)
+    assert dX.dtype == dtype and dscale.shape == scale.shape and dscale.dtype == dtype
+    assert_close(dX, exact, tol, "dX")
+    assert_close(twin[0], exact, tol, "twin dX")
+    assert_close(dscale, exact_dscale, param_tolerance(exact_dscale, slack_dscale, dtype),
+                 "dscale")
+    if centered:
+        assert_close(dB, exact_dB, param_tolerance(exact_dB, slack_dB, dtype), "dB")
+
+
+def param_tolerance(exact, slack, dtype):
+    """A float64 column sum (within ``slack``) rounded once to ``dtype``."""
+    return slack + 1e-300 if dtype == F64 else slack + half_ulp(exact, dtype)
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["layernorm", "rmsnorm"])
+def test_row_gradients_agree_with_finite_differences(rng, centered):
+    X = rng.standard_normal((3, 5)) + 0.5
+    dY = rng.standard_normal(X.shape)
+    scale, B = rng.uniform(0.5, 2, 5), rng.standard_normal(5)
+
+    def loss(X_, s_, b_):
+        m = X_.mean(axis=1, keepdims=True) if centered else 0.0
+        v = ((X_ - m) ** 2).mean(axis=1, keepdims=True)
+        return float((dY * ((X_ - m) / np.sqrt(v + EPS) * s_ + b_)).sum())
+
+    if centered:
+        dX, dscale, dB = nk.layer_normalization_backward(dY, X, scale, epsilon=EPS)
+    else:
+        dX, dscale = nk.rms_normalization_backward(dY, X, scale, epsilon=EPS)
+    h = 1e-6
+    numeric = np.empty_like(X)
+    for i in np.ndindex(X.shape):
+        up, down = X.copy(), X.copy()
+        up[i] += h
+        down[i] -= h
+        numeric[i] = (loss(up, scale, B) - loss(down, scale, B)) / (2 * h)
+    np.testing.assert_allclose(dX, numeric, rtol=1e-6, atol=1e-6)
+    for k in range(5):
+        e = np.zeros(5)
+        e[k] = h
+        assert dscale[k] == pytest.approx((loss(X, scale + e, B) - loss(X, scale - e, B))
+                                          / (2 * h), rel=1e-6, abs=1e-6)
+        if centered:
+            assert dB[k] == pytest.approx((loss(X, scale, B + e) - loss(X, scale, B - e))
+                                          / (2 * h), rel=1e-6, abs=1e-6)
+
+
+def test_row_backward_agrees_with_torch(rng):
+    torch = pytest.importorskip("torch", reason="torch not installed (an optional peer)")
+    X = rng.standard_normal((6, 40)) + 1
+    dY = rng.standard_normal(X.shape)
+    w = rng.uniform(0.5, 2, 40)
+    for centered in (True, False):
+        xt = torch.from_numpy(X.copy()).requires_grad_(True)
+        wt = torch.from_numpy(w.copy()).requires_grad_(True)
+        f = torch.nn.functional
+        y = (f.layer_norm(xt, (40,), wt, None, eps=EPS) if centered
+             else f.rms_norm(xt, (40,), wt, eps=EPS))
+        y.backward(torch.from_numpy(dY))
+        got = (nk.layer_normalization_backward(dY, X, w, epsilon=EPS) if centered
+               else nk.rms_normalization_backward(dY, X, w, epsilon=EPS))
+        np.testing.assert_allclose(got[0], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got[1], wt.grad.numpy(), rtol=1e-10)
+
+
+def test_row_backward_paths_broadcast_and_in_place(rng, routes):
+    X = rng.standard_normal((37, 300)).astype(F32)
+    dY = rng.standard_normal(X.shape).astype(F32)
+    s = rng.uniform(0.5, 2, 300).astype(F32)
+    results = []
+    for path in ("serial", "parallel"):
+        routes.clear()
+        results.append(spec.layer_normalization_backward(dY, X, s, epsilon=EPS, engine=ENGINE,
+                                                         path=path))
+        assert f"rows_backward/{path}" in routes and set(routes) <= set(policy.ROUTES)
+    for u, v in zip(*results, strict=True):
+        assert_identical(u, v)
+    d = dY.copy()
+    got = nk.layer_normalization_backward(d, X, s, out=d)
+    assert got[0] is d
+    assert_identical(d, results[0][0])
+    # Scale of shape (1, K) broadcast over 3-D X: its gradient keeps that shape
+    X3 = rng.standard_normal((2, 3, 8)).astype(F32)
+    dY3 = rng.standard_normal(X3.shape).astype(F32)
+    s3 = rng.uniform(0.5, 2, (1, 8)).astype(F32)
+    dX3, ds3, db3 = nk.layer_normalization_backward(dY3, X3, s3, axis=1)
+    assert ds3.shape == db3.shape == (1, 8)
+    full = nk.layer_normalization_backward(dY3, X3, np.broadcast_to(s3, (3, 8)).copy(),
+                                           axis=1)
+    assert_identical(dX3, full[0])
+    np.testing.assert_allclose(ds3[0], full[1].astype(F64).sum(axis=0), rtol=1e-6)
+    with pytest.raises(ValueError, match="stash_type"):
+        nk.layer_normalization_backward(dY, X, s, stash_type=5)
+    with pytest.raises(ValueError, match="axis must be in"):
+        nk.layer_normalization_backward(dY, X, s, axis=2)

@@ -40,6 +40,7 @@ from oracle import (
     statistics_tolerance,
     tolerance,
     training_tolerance,
+    ulp,
     ulp_close,
 )
 
@@ -227,7 +228,9 @@ CASES.update({
                                          [f"rows/from-statistics/{p}"], path=p)
        for p in PATHS},
 })
-ROW_OPS = ("layer", "rms", "skip", "rows-stats")
+ROW_OPS = ("layer", "rms", "skip", "rows-stats", "rows-grad")
+CASES.update({f"rows-grad-{p}": case("rows-grad", (12, 100), "NCX", [f"rows_backward/{p}"],
+                                     path=p) for p in ("serial", "parallel")})
 
 # group normalization (groups of 2 channels: instance normalization's loops), MVN (the
 # moments and normalize loops), LpNormalization (rows: the last axis of 2-D X; columns:
@@ -274,6 +277,7 @@ CASES.update({
 })
 
 DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,
+          "rows-grad": FLOATS,
           "bn": FLOATS, "training": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS,
@@ -342,6 +346,9 @@ def run(case, X, params, dtype, engine=ENGINE):
         if case.op == "rms":
             return rms_spec.rms_normalization(X, p[0], axis=row_axis(X.shape), epsilon=EPS,
                                               **kw), p[:1]
+        if case.op == "rows-grad":  # dY: X's rows reversed
+            return backward_spec.layer_normalization_backward(X[::-1].copy(), X, p[0],
+                                                              epsilon=EPS, **kw), p[:1]
         if case.op == "rows-stats":  # the float64 statistics of the oracle
             _, mean, var = row_norm(X, 1.0, None, EPS)
             Y = np.empty_like(X)
@@ -408,6 +415,21 @@ def lp_axis(X):
 
 def check_rows_with_oracle(case, X, params, result):
     a = row_axis(X.shape)
+    if case.op == "rows-grad":
+        x, dy = X.astype(F64), X[::-1].astype(F64)
+        with np.errstate(all="ignore"):
+            mean = x.mean(axis=1, keepdims=True)
+            r = 1 / np.sqrt(x.var(axis=1, keepdims=True) + EPS)
+        s = params[0].astype(F64)
+        exact, dyx = normalization_backward(dy, x, s, mean, r, 1)
+        assert_close(result[0], exact, backward_tolerance(dy, x, s, mean, r, 1, exact, X.dtype))
+        dB = dy.sum(axis=0)  # float64, rounded once to scale's dtype (X's here)
+        assert_close(result[2], dB, 1e-12 * np.abs(dy).sum(axis=0)
+                     + 0.5 * ulp(np.abs(dB), X.dtype), "dB")
+        dscale = dyx.sum(axis=0)
+        assert_close(result[1], dscale, 1e-10 * np.abs(dyx).sum(axis=0)
+                     + 0.5 * ulp(np.abs(dscale), X.dtype), "dscale")
+        return
     if case.op == "rows-stats":
         y, mean, var = row_norm(X, params[0], params[1], EPS, a)
         assert_close(result, y, tolerance(X, np.broadcast_to(params[0], X.shape),
@@ -673,7 +695,7 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
     X, params = data(rng, case, dtype)
     arrange(monkeypatch, case)
     result, params = run(case, X, params, dtype)
-    if case.op == "moments":
+    if case.op in ("moments", "rows-grad"):  # the twin's own float64 sums: the oracle's bound
         check_with_oracle(case, X, params, run(case, X, params, dtype, reference.ENGINE)[0])
         return
     if case.op == "lp":

@@ -80,6 +80,12 @@ class Engine:
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""
         raise NotImplementedError
 
+    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, path=None):
+        """Backward of a row normalization of C-contiguous ``M x K`` rows (statistics
+        recomputed per row; ``gamma`` float64 per column): writes ``dx``, returns the
+        float64 column sums ``(sum dY * x_hat, sum dY)``."""
+        raise NotImplementedError
+
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
         """Row normalization of 2-D ``x`` (``M`` rows of ``K``, each row contiguous)

@@ -317,6 +317,21 @@ class NumbaEngine(Engine):
                 _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
                     xs, dys, dxs, P, max(1, backward.ROW_BLOCK_ELEMENTS // P), *tables)
 
+    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, path=None):
+        M, K = x.shape
+        xs, dys = _views(x, dy)
+        dxs = storage_view(dx.ravel())
+        rows_per_item = -(-M // min(M, backward.ROW_ITEMS))
+        items = -(-M // rows_per_item)
+        part_g, part_b = np.empty((items, K)), np.empty((items, K))
+        path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
+        took("rows_backward", path)
+        with launch_guard(path):
+            _kernel(backward.rows_backward, backward.rows_backward_serial, path)(
+                xs, dys, dxs, K, gamma, centered, float(epsilon), rows_per_item, part_g,
+                part_b)
+        return part_g.sum(axis=0), part_b.sum(axis=0)
+
 
 ENGINE = NumbaEngine()
 

@@ -42,6 +42,7 @@ ROUTES = (
     "grad_sums/planes/serial", "grad_sums/planes/parallel", "grad_sums/rows/serial",
     "grad_sums/rows/parallel", "grad_apply/planes/serial", "grad_apply/planes/parallel",
     "grad_apply/rows/serial", "grad_apply/rows/parallel",
+    "rows_backward/serial", "rows_backward/parallel",
 )
 _trace = None
 

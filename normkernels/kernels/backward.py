@@ -25,12 +25,14 @@ from numba import njit, prange
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
+from normkernels.kernels.lp import store_rounded
 from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS
 from normkernels.kernels.statistics import PLANE_CHUNK
 
 GRAD_MIN_PLANE = 256  # planes at least this long are reduced and written plane by plane
 ROW_BLOCK_ELEMENTS = 1 << 16  # elements per work item of the rows loops (about)
 APPLY_BLOCK = 1 << 16  # elements per work item of the planes dX pass
+ROW_ITEMS = 64  # row backward: work items (a fixed count: their partials merge in order)
 
 
 # --- the reduction ---
@@ -175,3 +177,71 @@ plane_sums_serial = serial_twin(plane_sums, **KERNEL_OPTIONS)
 row_sums_serial = serial_twin(row_sums, **KERNEL_OPTIONS)
 apply_planes_serial = serial_twin(apply_planes, **KERNEL_OPTIONS)
 apply_rows_serial = serial_twin(apply_rows, **KERNEL_OPTIONS)
+
+
+# --- row normalizations (LayerNorm, RMSNorm): statistics per row, parameters per column ---
+
+@njit(**MOMENTS_OPTIONS)
+def _row_sum(x):
+    """``sum(x)`` in float64 (vectorised: compiled apart with reassociation)."""
+    total = 0.0
+    for j in range(x.size):
+        total += np.float64(load(x, j))
+    return total
+
+
+@njit(**MOMENTS_OPTIONS)
+def _row_moments(x, dy, gamma, mean):
+    """``(sum d^2, sum g, sum g d)`` with ``d = x - mean``, ``g = dy * gamma``, float64,
+    vectorised."""
+    q = 0.0
+    sg = 0.0
+    sgx = 0.0
+    for j in range(x.size):
+        d = np.float64(load(x, j)) - mean
+        g = np.float64(load(dy, j)) * gamma[j]
+        q += d * d
+        sg += g
+        sgx += g * d
+    return q, sg, sgx
+
+
+@njit(**KERNEL_OPTIONS)
+def _row_backward(x, dy, dx, gamma, centered, epsilon, dgamma, dbeta):
+    """One row (``x``, ``dy``, ``dx`` slices of K; ``gamma`` float64 per column): its
+    statistics recomputed (float64, two passes: the row is in cache), then ``dX = r (g -
+    <g> - x_hat <g x_hat>)`` with ``g = dY * gamma`` (RMS: no centring, no ``<g>``), and
+    ``dY * x_hat``, ``dY`` added into the column partials ``dgamma``, ``dbeta``."""
+    K = x.size
+    mean = _row_sum(x) / K if centered else 0.0
+    q, sg, sgx = _row_moments(x, dy, gamma, mean)
+    r = 1.0 / np.sqrt(q / K + epsilon)
+    mg = sg / K if centered else 0.0
+    mgx = sgx * r / K  # <g x_hat>
+    for j in range(K):
+        xh = (np.float64(load(x, j)) - mean) * r
+        dyj = np.float64(load(dy, j))
+        dgamma[j] += dyj * xh
+        dbeta[j] += dyj
+        store_rounded(dx, j, r * (dyj * gamma[j] - mg - xh * mgx))
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def rows_backward(x, dy, dx, K, gamma, centered, epsilon, rows_per_item, part_dgamma,
+                  part_dbeta):
+    """Every row of ``K`` (``x.size // K`` rows), items of ``rows_per_item`` rows in
+    parallel; item ``t`` adds its rows' parameter gradients into ``part_*[t]`` (merged
+    afterwards in item order: the same bits for any thread count)."""
+    M = x.size // K
+    for t in prange(part_dgamma.shape[0]):
+        pg, pb = part_dgamma[t], part_dbeta[t]
+        for j in range(K):
+            pg[j] = 0.0
+            pb[j] = 0.0
+        for row in range(t * rows_per_item, min(M, (t + 1) * rows_per_item)):
+            lo = row * K
+            _row_backward(x[lo:lo + K], dy[lo:lo + K], dx[lo:lo + K], gamma, centered,
+                          epsilon, pg, pb)
+
+
+rows_backward_serial = serial_twin(rows_backward, **KERNEL_OPTIONS)

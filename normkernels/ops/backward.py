@@ -277,3 +277,67 @@ def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data
             dB += sum_dy.reshape(-1, C).sum(axis=0)
         engine.grad_apply(xv, dyv, dxv, planes, per, *rounded(mu, a, b, k, X.dtype), path)
     return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+
+
+LN = "LayerNormalizationBackward"
+RMS = "RMSNormalizationBackward"
+
+
+def _sum_to(v, shape):
+    """``v`` (the normalized span's shape) summed down to ``shape`` (a unidirectional
+    broadcast source): the gradient of a broadcast parameter."""
+    lead = v.ndim - len(shape)
+    if lead:
+        v = v.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and v.shape[i] != 1)
+    return v.sum(axis=axes, keepdims=True) if axes else v.reshape(shape)
+
+
+def _rows_backward(label, dY, X, scale, axis, epsilon, centered, out, engine, path):
+    from normkernels.ops import rows
+
+    dY, X, params = _arrays(label, dY, X, {"scale": scale})
+    a = rows.normalized_axis(label, "axis", axis, X.ndim)
+    eps = common.check_epsilon(label, epsilon)
+    rows.check_broadcast(label, "scale", params["scale"], X.shape[a:])
+    if out is not None:
+        _check_out(label, out, X, dY, params)
+    M, K = rows.rows_shape(X.shape, a)
+    span = X.shape[a:]
+    pshape, pdtype = params["scale"].shape, params["scale"].dtype
+    if X.size == 0:
+        zeros = np.zeros(pshape, pdtype)
+        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+    x = np.ascontiguousarray(X).reshape(M, K)
+    dy = np.ascontiguousarray(dY).reshape(M, K)
+    if out is not None and out.flags.c_contiguous:
+        dx = out.reshape(M, K)
+    else:
+        dx = np.empty((M, K), X.dtype)
+    gamma = np.ascontiguousarray(np.broadcast_to(params["scale"].astype(np.float64), span)
+                                 ).reshape(K)
+    dgamma, dbeta = engine.rows_backward(x, dy, dx, gamma, centered, eps, path)
+    dX = dx.reshape(X.shape)
+    if out is not None:  # dx is out's memory, or a new array to copy there
+        if not np.shares_memory(dX, out):
+            np.copyto(out, dX)
+        dX = out
+    dscale = _sum_to(dgamma.reshape(span), pshape).astype(pdtype)
+    dB = _sum_to(dbeta.reshape(span), pshape).astype(pdtype)
+    return dX, dscale, dB
+
+
+def layer_normalization_backward(dY, X, Scale, *, axis=-1, epsilon=1e-5, stash_type=1,
+                                 out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.layer_normalization_backward`."""
+    from normkernels.ops.layer_normalization import stash_dtype
+
+    stash_dtype(LN, stash_type)
+    return _rows_backward(LN, dY, X, Scale, axis, epsilon, True, out, engine, path)
+
+
+def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, out=None, engine,
+                               path=None):
+    """Spec layer of :func:`normkernels.rms_normalization_backward`: ``(dX, dscale)``."""
+    dX, dscale, _ = _rows_backward(RMS, dY, X, scale, axis, epsilon, False, out, engine, path)
+    return dX, dscale
