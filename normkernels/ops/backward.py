@@ -165,48 +165,10 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
 
 def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="NCX",
                                     out=None, engine, path=None):
-    """Spec layer of :func:`normkernels.instance_normalization_backward`: the statistics
-    of every (n, c) recomputed from X (the moments kernels), then the same reduction
-    and dX pass with each (n, c) a group."""
-    label = IN
-    dY, X, params = _arrays(label, dY, X, {"scale": scale})
-    common.check_data_format(label, data_format)
-    if X.ndim < 3:
-        raise ValueError(f"{label}: X must have at least 3 dimensions (N x C x D1 ...), got "
-                         f"shape {X.shape}")
-    C = common.channel_count(X, data_format)
-    common.check_channel_params(label, C, params)
-    eps = common.check_epsilon(label, epsilon)
-    if out is not None:
-        _check_out(label, out, X, dY, params)
-    pdtype = params["scale"].dtype
-    N = X.shape[0]
-    spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
-    if X.size == 0 or spatial == 0:
-        if spatial == 0 and N * C > 0:
-            raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent")
-        zeros = np.zeros(C, pdtype)
-        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
-    x, dy, order, S = _same_layout(X, dY, data_format)
-    dx = _target(x, dy, out, order, X, dY)
-    scale64 = np.tile(params["scale"].astype(np.float64), N)
-    if S == spatial:  # channels-first memory: N * C planes, each its own group
-        groups, per, views = N * C, spatial, [(x, dy, dx)]
-    else:  # channels-last memory: one call per sample, C groups of rows
-        groups, per = C, 1
-        views = [(x[n], dy[n], dx[n]) for n in range(N)]
-    dscale = np.zeros(C)
-    dB = np.zeros(C)
-    for i, (xv, dyv, dxv) in enumerate(views):
-        _, mean, m2 = engine.channel_moments(xv, groups, per, path)
-        r = 1.0 / np.sqrt(m2 / spatial + eps)
-        s = scale64 if groups == N * C else scale64[i * C:(i + 1) * C]
-        sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, groups, per, mean, path)
-        coefficients, ds, db = fold(s, mean, r, sum_dy, sum_dyx, spatial, True, X.dtype)
-        engine.grad_apply(xv, dyv, dxv, groups, per, *coefficients, path)
-        dscale += ds.reshape(-1, C).sum(axis=0)
-        dB += db.reshape(-1, C).sum(axis=0)
-    return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+    """Spec layer of :func:`normkernels.instance_normalization_backward`: the group
+    backward pass with groups of one channel (the statistics of every (n, c)
+    recomputed from X)."""
+    return _group_backward(IN, dY, X, scale, None, epsilon, data_format, out, engine, path)
 
 
 def _merge_groups(count, mean, m2, group):
@@ -224,26 +186,33 @@ def _merge_groups(count, mean, m2, group):
 def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data_format="NCX",
                                  out=None, engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization_backward` (GroupNormalization-21:
-    scale per channel). Per (n, group) of M elements, with ``g = dY * scale[c]``: ``dX =
-    r (g - <g> - x_hat <g x_hat>)``, that is ``dY * scale[c] r + (x - mu) * B + K`` with
-    ``B = -r^3 sum(g (x - mu)) / M`` and ``K = -r sum(g) / M``: the per-(n, c) sums of
-    the reduction weighted by scale and added per group."""
+    scale per channel)."""
+    return _group_backward(GN, dY, X, scale, num_groups, epsilon, data_format, out, engine,
+                           path)
+
+
+def _group_backward(label, dY, X, scale, num_groups, epsilon, data_format, out, engine, path):
+    """Per (n, group) of M elements, with ``g = dY * scale[c]``: ``dX = r (g - <g> - x_hat
+    <g x_hat>)``, that is ``dY * scale[c] r + (x - mu) * B + K`` with ``B = -r^3 sum(g (x -
+    mu)) / M`` and ``K = -r sum(g) / M``: the per-(n, c) sums of the reduction weighted by
+    scale and added per group. ``num_groups`` None: instance normalization (a group per
+    channel, X at least 3-D)."""
     from normkernels.ops.group_normalization import check_groups
 
-    label = GN
     dY, X, params = _arrays(label, dY, X, {"scale": scale})
     common.check_data_format(label, data_format)
-    if X.ndim < 2:
-        raise ValueError(f"{label}: X must have at least 2 dimensions (N x C ...), got shape "
-                         f"{X.shape}")
+    least = 3 if num_groups is None else 2
+    if X.ndim < least:
+        raise ValueError(f"{label}: X must have at least {least} dimensions (N x C ...), got "
+                         f"shape {X.shape}")
     C = common.channel_count(X, data_format)
     common.check_channel_params(label, C, params)
-    G = check_groups(label, "num_groups", num_groups, C)
+    G = C if num_groups is None else check_groups(label, "num_groups", num_groups, C)
     eps = common.check_epsilon(label, epsilon)
     if out is not None:
         _check_out(label, out, X, dY, params)
     pdtype = params["scale"].dtype
-    N, Cg = X.shape[0], C // G
+    N, Cg = X.shape[0], C // max(G, 1)
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     if X.size == 0 or spatial == 0:
         if spatial == 0 and N * C > 0:
