@@ -12,6 +12,7 @@ from normkernels.ops import lp_normalization as _lp
 from normkernels.ops import lrn as _lrn
 from normkernels.ops import mean_variance_normalization as _mvn
 from normkernels.ops import moments as _moments
+from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
 
@@ -575,36 +576,39 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
                                              data_format=data_format, out=out, engine=ENGINE)
 
 
-def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="NCX",
-                                    out=None):
+def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, mean=None, inv_std=None,
+                                    data_format="NCX", out=None):
     """The gradient of InstanceNormalization: ``(dX, dscale, dB)``.
 
-    The statistics of every (n, c) are recomputed from X (float64, as the forward's);
-    ``dX`` includes their dependence on X. Arguments as
+    The statistics of every (n, c) are recomputed from X (float64, as the forward's)
+    unless ``mean`` and ``inv_std`` (``1 / sqrt(var + epsilon)``), shape (N, C), give
+    them; ``dX`` includes their dependence on X. Arguments as
     :func:`batch_normalization_backward` (X at least 3-D); ``dscale`` and ``dB`` sum
     over n and the spatial axes, in scale's dtype.
     """
-    return _bwd.instance_normalization_backward(dY, X, scale, epsilon=epsilon,
-                                                data_format=data_format, out=out,
-                                                engine=ENGINE)
+    return _bwd.instance_normalization_backward(dY, X, scale, epsilon=epsilon, mean=mean,
+                                                inv_std=inv_std, data_format=data_format,
+                                                out=out, engine=ENGINE)
 
 
-def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data_format="NCX",
-                                 out=None):
+def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, mean=None,
+                                 inv_std=None, data_format="NCX", out=None):
     """The gradient of GroupNormalization-21 (scale per channel): ``(dX, dscale, dB)``.
 
-    The statistics of every (n, group) are recomputed from X (float64); ``dX`` includes
+    The statistics of every (n, group) are recomputed from X (float64) unless ``mean``
+    and ``inv_std`` give them (shape (N, num_groups), as PyTorch's ``mean``/``rstd``;
+    oneDNN's variance converts as ``1 / sqrt(variance + epsilon)``); ``dX`` includes
     their dependence on X. Arguments as :func:`batch_normalization_backward` (X at least
     2-D; ``num_groups`` must divide C); ``dscale`` and ``dB`` sum over n and the spatial
     axes, in scale's dtype.
     """
     return _bwd.group_normalization_backward(dY, X, scale, num_groups=num_groups,
-                                             epsilon=epsilon, data_format=data_format, out=out,
-                                             engine=ENGINE)
+                                             epsilon=epsilon, mean=mean, inv_std=inv_std,
+                                             data_format=data_format, out=out, engine=ENGINE)
 
 
 def layer_normalization_backward(dY, X, Scale, *, axis=-1, epsilon=1e-5, stash_type=1,
-                                 out=None):
+                                 mean=None, inv_std=None, out=None):
     """The gradient of LayerNormalization: ``(dX, dScale, dB)``.
 
     Per row (the axes ``axis..``) the mean and variance are recomputed from X (float64,
@@ -613,14 +617,88 @@ def layer_normalization_backward(dY, X, Scale, *, axis=-1, epsilon=1e-5, stash_t
     and ``dB`` have Scale's shape and dtype (summed over every row, and over the axes
     Scale is broadcast along). ``stash_type`` is checked as the forward checks it; the
     arithmetic is float64 whatever its value. ``out``: dX's destination, may be dY.
+
+    ``mean`` and ``inv_std``: the forward's Mean and InvStdDev outputs (shape
+    ``X.shape[:axis]``, or followed by ones as ONNX gives them; any float dtype), used
+    instead of recomputing the statistics (both or neither; ``epsilon`` is then unused).
     """
     return _bwd.layer_normalization_backward(dY, X, Scale, axis=axis, epsilon=epsilon,
-                                             stash_type=stash_type, out=out, engine=ENGINE)
+                                             stash_type=stash_type, mean=mean, inv_std=inv_std,
+                                             out=out, engine=ENGINE)
 
 
-def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, out=None):
+def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, inv_std=None, out=None):
     """The gradient of RMSNormalization: ``(dX, dscale)``, ``dX = r (g - x_hat <g
     x_hat>)`` with ``r = 1 / sqrt(mean(x^2) + epsilon)``, ``x_hat = x r``, ``g = dY *
-    scale``; as :func:`layer_normalization_backward` otherwise."""
-    return _bwd.rms_normalization_backward(dY, X, scale, axis=axis, epsilon=epsilon, out=out,
-                                           engine=ENGINE)
+    scale``; ``inv_std`` gives ``r`` per row (onnxruntime's ``inv_std_var``) instead of
+    recomputing it; as :func:`layer_normalization_backward` otherwise."""
+    return _bwd.rms_normalization_backward(dY, X, scale, axis=axis, epsilon=epsilon,
+                                           inv_std=inv_std, out=out, engine=ENGINE)
+
+
+def batch_norm_forward_training(src, mean, variance, gamma=None, beta=None, *, epsilon,
+                                momentum=None, data_format="NXC", out=None):
+    """oneDNN Graph BatchNormForwardTraining-1: ``(dst, running_mean, running_variance,
+    batch_mean, batch_variance)``.
+
+    ``dst = gamma * (src - batch_mean) / sqrt(batch_variance + epsilon) + beta`` per
+    channel, the batch statistics over N and the spatial axes (population variance);
+    ``running = momentum * old + (1 - momentum) * batch`` for mean and variance, with
+    ``mean`` and ``variance`` the old running statistics. ``momentum=None`` uses 0.5:
+    the operation document gives no default and the dnnl backend, its implementation,
+    uses 0.5. gamma and beta are optional together (none: 1 and 0).
+
+    Parameters
+    ----------
+    src : ndarray
+        float32, bfloat16 or float16; N x D1 ... Dn x C (``data_format="NXC"``, the
+        default) or N x C x D1 ... Dn (``"NCX"``), at least 2-D.
+    mean, variance, gamma, beta : ndarray
+        Shape (C,), float32 (or bfloat16 for bfloat16 src), one dtype.
+    epsilon : float
+        Required, positive.
+    out : ndarray, optional
+        Where to write dst (src's shape and dtype); may be src.
+
+    Returns
+    -------
+    dst, running_mean, running_variance, batch_mean, batch_variance
+        dst like src; the statistics of shape (C,) in mean's dtype.
+    """
+    return _dnnl_train.batch_norm_forward_training(src, mean, variance, gamma, beta,
+                                                   epsilon=epsilon, momentum=momentum,
+                                                   data_format=data_format, out=out,
+                                                   engine=ENGINE)
+
+
+def batch_norm_training_backward(src, diff_dst, mean, variance, gamma=None, *, epsilon,
+                                 data_format="NXC", out=None):
+    """oneDNN Graph BatchNormTrainingBackward-1: ``(diff_src, diff_gamma, diff_beta)``
+    when gamma is given, else ``diff_src``.
+
+    The training-mode gradient of BatchNormForwardTraining's dst: ``mean`` and
+    ``variance`` are the batch statistics the forward returned, ``epsilon`` the
+    forward's (``r = 1 / sqrt(variance + epsilon)``). Without gamma diff_src is computed
+    for gamma = 1. Types and layouts as :func:`batch_norm_forward_training`; ``out``
+    (diff_src) may be diff_dst or src. Computed as
+    :func:`batch_normalization_backward`.
+    """
+    return _dnnl_train.batch_norm_training_backward(src, diff_dst, mean, variance, gamma,
+                                                    epsilon=epsilon, data_format=data_format,
+                                                    out=out, engine=ENGINE)
+
+
+def layer_norm_backward(src, diff_dst, mean, variance, gamma=None, beta=None, *,
+                        begin_norm_axis=-1, epsilon=1e-5, use_affine=True, out=None):
+    """oneDNN Graph LayerNormBackward-1: ``(diff_src, diff_gamma, diff_beta)`` with
+    ``use_affine`` (gamma and beta required; the gradients have gamma's shape and
+    dtype), else ``diff_src``.
+
+    ``mean`` and ``variance`` are :func:`layer_norm`'s statistics outputs (shape
+    ``src.shape[:begin_norm_axis]``), used as given: ``r = 1 / sqrt(variance +
+    epsilon)``. Types as :func:`layer_norm`; ``out`` (diff_src) may be diff_dst or src.
+    Computed as :func:`layer_normalization_backward` (float64 per row, rounded once).
+    """
+    return _dnnl_train.layer_norm_backward(src, diff_dst, mean, variance, gamma, beta,
+                                           begin_norm_axis=begin_norm_axis, epsilon=epsilon,
+                                           use_affine=use_affine, out=out, engine=ENGINE)

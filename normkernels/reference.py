@@ -40,6 +40,7 @@ from normkernels.ops import lp_normalization as _lp
 from normkernels.ops import lrn as _lrn
 from normkernels.ops import mean_variance_normalization as _mvn
 from normkernels.ops import moments as _moments
+from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
 
@@ -173,12 +174,15 @@ class NumPyEngine(Engine):
                       + (x.reshape(shape).astype(cd) - m[:, None]) * b[:, None] + k[:, None])
             dx.reshape(shape)[...] = result.astype(dx.dtype)
 
-    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, path=None):
+    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         K = x.shape[1]
         with np.errstate(all="ignore"):
             xv, d = x.astype(np.float64), dy.astype(np.float64)
             mean = xv.mean(axis=1, keepdims=True) if centered else np.zeros((len(xv), 1))
             r = 1.0 / np.sqrt(((xv - mean) ** 2).sum(axis=1, keepdims=True) / K + epsilon)
+            if stats is not None:
+                mean = stats[:, :1] if centered else mean
+                r = stats[:, 1:]
             x_hat = (xv - mean) * r
             g = d * gamma
             mg = g.mean(axis=1, keepdims=True) if centered else 0.0
@@ -478,3 +482,21 @@ def layer_normalization_backward(dY, X, Scale, **attributes):
 def rms_normalization_backward(dY, X, scale, **attributes):
     """Slow twin of :func:`normkernels.rms_normalization_backward`."""
     return _bwd.rms_normalization_backward(dY, X, scale, engine=ENGINE, **attributes)
+
+
+def batch_norm_forward_training(src, mean, variance, gamma=None, beta=None, **attributes):
+    """Slow twin of :func:`normkernels.batch_norm_forward_training`."""
+    return _dnnl_train.batch_norm_forward_training(src, mean, variance, gamma, beta,
+                                                   engine=ENGINE, **attributes)
+
+
+def batch_norm_training_backward(src, diff_dst, mean, variance, gamma=None, **attributes):
+    """Slow twin of :func:`normkernels.batch_norm_training_backward`."""
+    return _dnnl_train.batch_norm_training_backward(src, diff_dst, mean, variance, gamma,
+                                                    engine=ENGINE, **attributes)
+
+
+def layer_norm_backward(src, diff_dst, mean, variance, gamma=None, beta=None, **attributes):
+    """Slow twin of :func:`normkernels.layer_norm_backward`."""
+    return _dnnl_train.layer_norm_backward(src, diff_dst, mean, variance, gamma, beta,
+                                           engine=ENGINE, **attributes)

@@ -386,6 +386,17 @@ MUTATIONS = [
     mutation("row-mean-of-g-dropped/backward", "LayerNorm backward leaves out <g> (as "
              "RMSNorm's)", [(BWD_K, "    mg = sg / K if centered else 0.0",
                              "    mg = 0.0")], BACKWARD),
+    mutation("given-r-recomputed/backward", "the row backward recomputes r although the "
+             "caller gave inv_std", [(BWD_K, "    if not given:\n        r = 1.0 / np.sqrt",
+                                      "    if True:\n        r = 1.0 / np.sqrt")], BACKWARD),
+    mutation("given-group-stats-ignored/backward", "the group backward recomputes the "
+             "statistics although the caller gave them", [
+                 (BWD_SPEC, "        if given is None:\n            count, mu, m2",
+                  "        if True:\n            count, mu, m2")], BACKWARD),
+    mutation("onednn-momentum-onnx/backward", "oneDNN's BatchNormForwardTraining defaults "
+             "to ONNX's momentum 0.9, not the dnnl backend's 0.5", [
+                 ("normkernels/ops/onednn_training.py", "MOMENTUM = 0.5", "MOMENTUM = 0.9")],
+             BACKWARD),
     mutation("error-names-nothing", "a wrong parameter length is reported without naming "
              "the parameter", [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',

@@ -101,6 +101,31 @@ def test_inv_std_is_the_same_as_var(rng, fmt):
         assert_identical(u, v)
 
 
+def numeric_gradients(loss, args, h=1e-6):
+    """Central differences of ``loss(*args)`` (float64) in every element of each of
+    ``args``: one array of the loss's partial derivatives per argument."""
+    grads = []
+    for k, arg in enumerate(args):
+        grad = np.empty(np.shape(arg))
+        for i in np.ndindex(grad.shape):
+            values = []
+            for step in (h, -h):
+                moved = arg.copy()
+                moved[i] += step
+                values.append(loss(*args[:k], moved, *args[k + 1:]))
+            grad[i] = (values[0] - values[1]) / (2 * h)
+        grads.append(grad)
+    return grads
+
+
+def assert_gradients(loss, args, got):
+    """Each of ``got`` (an analytic gradient, None to skip) within 1e-6 of the central
+    differences of ``loss`` in the matching argument."""
+    for numeric, analytic in zip(numeric_gradients(loss, args), got, strict=True):
+        if analytic is not None:
+            np.testing.assert_allclose(analytic, numeric, rtol=1e-6, atol=1e-6)
+
+
 def forward_f64(X, scale, B, fmt, instance=False):
     """Training-mode BN (or instance norm) forward in float64, statistics from X."""
     x = channels_first(X, fmt)
@@ -129,25 +154,11 @@ def test_gradients_agree_with_finite_differences(rng, fmt, instance):
         mean, var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
         dX, dscale, dB = nk.batch_normalization_backward(dY, X, scale, mean, var,
                                                          epsilon=EPS, data_format=fmt)
-    h = 1e-6
 
     def loss(X_, s_, b_):
         return float((dY * forward_f64(X_, s_, b_, fmt, instance)).sum())
 
-    numeric = np.empty_like(X)
-    for i in np.ndindex(X.shape):
-        up, down = X.copy(), X.copy()
-        up[i] += h
-        down[i] -= h
-        numeric[i] = (loss(up, scale, B) - loss(down, scale, B)) / (2 * h)
-    np.testing.assert_allclose(dX, numeric, rtol=1e-6, atol=1e-6)
-    for k in range(3):
-        e = np.zeros(3)
-        e[k] = h
-        ds = (loss(X, scale + e, B) - loss(X, scale - e, B)) / (2 * h)
-        db = (loss(X, scale, B + e) - loss(X, scale, B - e)) / (2 * h)
-        assert dscale[k] == pytest.approx(ds, rel=1e-6, abs=1e-6)
-        assert dB[k] == pytest.approx(db, rel=1e-6, abs=1e-6)
+    assert_gradients(loss, (X, scale, B), (dX, dscale, dB))
 
 
 @pytest.fixture
@@ -443,21 +454,7 @@ def test_group_gradients_agree_with_finite_differences(rng, fmt):
 
     dX, dscale, dB = nk.group_normalization_backward(dY, X, scale, num_groups=G, epsilon=EPS,
                                                      data_format=fmt)
-    h = 1e-6
-    numeric = np.empty_like(X)
-    for i in np.ndindex(X.shape):
-        up, down = X.copy(), X.copy()
-        up[i] += h
-        down[i] -= h
-        numeric[i] = (loss(up, scale, B) - loss(down, scale, B)) / (2 * h)
-    np.testing.assert_allclose(dX, numeric, rtol=1e-6, atol=1e-6)
-    for k in range(4):
-        e = np.zeros(4)
-        e[k] = h
-        assert dscale[k] == pytest.approx((loss(X, scale + e, B) - loss(X, scale - e, B))
-                                          / (2 * h), rel=1e-6, abs=1e-6)
-        assert dB[k] == pytest.approx((loss(X, scale, B + e) - loss(X, scale, B - e))
-                                      / (2 * h), rel=1e-6, abs=1e-6)
+    assert_gradients(loss, (X, scale, B), (dX, dscale, dB))
 
 
 def test_group_backward_agrees_with_torch(rng):
@@ -573,23 +570,8 @@ def test_row_gradients_agree_with_finite_differences(rng, centered):
     if centered:
         dX, dscale, dB = nk.layer_normalization_backward(dY, X, scale, epsilon=EPS)
     else:
-        dX, dscale = nk.rms_normalization_backward(dY, X, scale, epsilon=EPS)
-    h = 1e-6
-    numeric = np.empty_like(X)
-    for i in np.ndindex(X.shape):
-        up, down = X.copy(), X.copy()
-        up[i] += h
-        down[i] -= h
-        numeric[i] = (loss(up, scale, B) - loss(down, scale, B)) / (2 * h)
-    np.testing.assert_allclose(dX, numeric, rtol=1e-6, atol=1e-6)
-    for k in range(5):
-        e = np.zeros(5)
-        e[k] = h
-        assert dscale[k] == pytest.approx((loss(X, scale + e, B) - loss(X, scale - e, B))
-                                          / (2 * h), rel=1e-6, abs=1e-6)
-        if centered:
-            assert dB[k] == pytest.approx((loss(X, scale, B + e) - loss(X, scale, B - e))
-                                          / (2 * h), rel=1e-6, abs=1e-6)
+        (dX, dscale), dB = nk.rms_normalization_backward(dY, X, scale, epsilon=EPS), None
+    assert_gradients(loss, (X, scale, B), (dX, dscale, dB))
 
 
 def test_row_backward_agrees_with_torch(rng):
@@ -640,3 +622,269 @@ def test_row_backward_paths_broadcast_and_in_place(rng, routes):
         nk.layer_normalization_backward(dY, X, s, stash_type=5)
     with pytest.raises(ValueError, match="axis must be in"):
         nk.layer_normalization_backward(dY, X, s, axis=2)
+
+
+# --- the caller's statistics (mean=, inv_std=) instead of recomputing them ---
+
+def given_expected(dY, X, scale, mean, r, reduced, centered=True):
+    """The fact sheet's dX in float64 with the caller's ``mean`` and ``r`` (broadcast
+    over ``reduced``), whatever X's own statistics are (RMS, not ``centered``: no
+    ``<g>`` term)."""
+    if centered:
+        return normalization_backward(dY, X, scale, mean, r, reduced)[0]
+    x_hat = X.astype(F64) * r
+    g = dY.astype(F64) * scale
+    return r * (g - x_hat * (g * x_hat).mean(axis=reduced, keepdims=True))
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("centered", [True, False], ids=["layernorm", "rmsnorm"])
+def test_row_backward_uses_the_given_statistics(rng, centered, dtype):
+    """Statistics off X's own (as a forward's one-pass variance could be): dX is the
+    formula at the given ones, not at X's."""
+    X = (rng.standard_normal((6, 4, 50)) + 2).astype(dtype)
+    dY = rng.standard_normal(X.shape).astype(dtype)
+    scale = rng.uniform(0.5, 2, 50).astype(dtype)
+    x = X.astype(F64)
+    mean = x.mean(axis=-1, keepdims=True) + 0.05 * rng.standard_normal((6, 4, 1))
+    ms = ((x - mean) ** 2).mean(axis=-1, keepdims=True) if centered else (x * x).mean(
+        axis=-1, keepdims=True)
+    r = 1.05 / np.sqrt(ms + EPS)
+    if centered:
+        got = nk.layer_normalization_backward(dY, X, scale, mean=mean, inv_std=r[..., 0])
+        twin = reference.layer_normalization_backward(dY, X, scale, mean=mean[..., 0],
+                                                      inv_std=r)
+    else:
+        got = nk.rms_normalization_backward(dY, X, scale, inv_std=r)
+        twin = reference.rms_normalization_backward(dY, X, scale, inv_std=r)
+        mean = 0.0
+    exact = given_expected(dY, X, scale.astype(F64), mean, r, -1, centered)
+    tol = 1e-12 if dtype == F64 else 1e-6
+    np.testing.assert_allclose(got[0], exact, rtol=tol, atol=tol)
+    np.testing.assert_allclose(twin[0], exact, rtol=tol, atol=tol)
+    x_hat = (x - mean) * r
+    np.testing.assert_allclose(got[1], (dY.astype(F64) * x_hat).sum(axis=(0, 1)), rtol=tol)
+    recomputed = (nk.layer_normalization_backward(dY, X, scale) if centered
+                  else nk.rms_normalization_backward(dY, X, scale))
+    assert not np.allclose(recomputed[0], got[0], rtol=1e-3)  # the given ones mattered
+
+
+def test_layer_backward_takes_the_forwards_outputs(rng):
+    """ONNX LayerNormalization's Mean and InvStdDev (X.shape[:axis] + ones, float32)."""
+    X = (rng.standard_normal((5, 3, 64)) * 3 + 1).astype(F32)
+    dY = rng.standard_normal(X.shape).astype(F32)
+    scale, B = rng.uniform(0.5, 2, 64).astype(F32), rng.standard_normal(64).astype(F32)
+    _, mean, inv_std = nk.layer_normalization(X, scale, B, num_outputs=3)
+    assert mean.shape == (5, 3, 1)
+    got = nk.layer_normalization_backward(dY, X, scale, mean=mean, inv_std=inv_std)
+    want = nk.layer_normalization_backward(dY, X, scale)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("instance", [False, True], ids=["groupnorm", "instancenorm"])
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+def test_group_backward_uses_the_given_statistics(rng, fmt, instance):
+    shape, G = (3, 6, 7, 9), 6 if instance else 3
+    X = layout(rng.standard_normal(shape) * 2 + 1, fmt)
+    dY = layout(rng.standard_normal(shape), fmt)
+    scale = rng.uniform(0.5, 2, 6) * rng.choice([-1, 1], 6)
+    g = channels_first(X, fmt).reshape(3, G, -1)
+    mean = g.mean(axis=2) + 0.1 * rng.standard_normal((3, G))
+    r = 0.9 / np.sqrt(g.var(axis=2) + EPS)
+    kwargs = dict(mean=mean, inv_std=r, epsilon=EPS, data_format=fmt)
+    if instance:
+        got = nk.instance_normalization_backward(dY, X, scale, **kwargs)
+        twin = reference.instance_normalization_backward(dY, X, scale, **kwargs)
+    else:
+        got = nk.group_normalization_backward(dY, X, scale, num_groups=G, **kwargs)
+        twin = reference.group_normalization_backward(dY, X, scale, num_groups=G, **kwargs)
+    s = np.broadcast_to(scale.reshape(1, 6, 1, 1), shape).reshape(3, G, -1)
+    gdy = channels_first(dY, fmt).reshape(3, G, -1)
+    exact = given_expected(gdy, g, s, mean[..., None], r[..., None], 2).reshape(shape)
+    for dX in (got[0], twin[0]):
+        np.testing.assert_allclose(channels_first(dX, fmt), exact, rtol=1e-12, atol=1e-12)
+    x_hat = ((g - mean[..., None]) * r[..., None]).reshape(shape)
+    np.testing.assert_allclose(got[1], (channels_first(dY, fmt) * x_hat).sum(axis=(0, 2, 3)),
+                               rtol=1e-12)
+
+
+def test_given_statistics_are_checked(rng):
+    X = rng.standard_normal((2, 6, 4, 4)).astype(F32)
+    dY = rng.standard_normal(X.shape).astype(F32)
+    s, stats = np.ones(6, F32), np.ones((2, 3), F32)
+    with pytest.raises(ValueError, match="give both mean and inv_std"):
+        nk.group_normalization_backward(dY, X, s, num_groups=3, mean=stats)
+    with pytest.raises(ValueError, match=r"inv_std must have shape \(2, 3\)"):
+        nk.group_normalization_backward(dY, X, s, num_groups=3, mean=stats, inv_std=stats.T)
+    with pytest.raises(TypeError, match="mean"):
+        nk.group_normalization_backward(dY, X, s, num_groups=3, mean=stats.astype(np.int32),
+                                        inv_std=stats)
+    with pytest.raises(ValueError, match=r"mean must have shape \(2, 6\)"):
+        nk.instance_normalization_backward(dY, X, s, mean=stats, inv_std=np.ones((2, 6)))
+    rows = rng.standard_normal((4, 8)).astype(F32)
+    with pytest.raises(TypeError, match="mean"):  # RMS is not centred: no mean argument
+        nk.rms_normalization_backward(rows, rows, np.ones(8, F32), inv_std=np.ones(4),
+                                      mean=np.zeros(4))
+    with pytest.raises(ValueError, match="give both mean and inv_std"):
+        nk.layer_normalization_backward(rows, rows, np.ones(8, F32), inv_std=np.ones(4))
+    with pytest.raises(ValueError, match=r"inv_std must have shape \(4,\)"):
+        nk.layer_normalization_backward(rows, rows, np.ones(8, F32), mean=np.zeros(4),
+                                        inv_std=np.ones((4, 2)))
+
+
+# --- oneDNN Graph: BatchNormForwardTraining, BatchNormTrainingBackward, LayerNormBackward ---
+
+@pytest.mark.parametrize("momentum", [None, 0.9], ids=["default", "given"])
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape", [(4, 3, 9, 11), (50, 4), (2, 3, 4, 5, 6)],
+                         ids=["4d", "2d", "5d"])
+def test_onednn_forward_training(rng, shape, dtype, fmt, momentum):
+    X, _, _, mean, var = bn_case(rng, shape, dtype, fmt)
+    C = mean.size
+    t2 = BF16 if dtype == BF16 else F32
+    old_mean, old_var = rng.standard_normal(C).astype(t2), rng.uniform(0.5, 2, C).astype(t2)
+    gamma, beta = rng.uniform(0.5, 2, C).astype(t2), rng.standard_normal(C).astype(t2)
+    dst, run_mean, run_var, batch_mean, batch_var = nk.batch_norm_forward_training(
+        X, old_mean, old_var, gamma, beta, epsilon=EPS, momentum=momentum, data_format=fmt)
+    assert dst.dtype == dtype and dst.shape == X.shape
+    assert all(v.dtype == t2 and v.shape == (C,)
+               for v in (run_mean, run_var, batch_mean, batch_var))
+    m = 0.5 if momentum is None else momentum  # the dnnl backend's default
+    exact = {"batch_mean": mean, "batch_var": var,
+             "run_mean": m * old_mean.astype(F64) + (1 - m) * mean,
+             "run_var": m * old_var.astype(F64) + (1 - m) * var}
+    got = {"batch_mean": batch_mean, "batch_var": batch_var, "run_mean": run_mean,
+           "run_var": run_var}
+    # float64 statistics rounded once (16-bit src: float32 runs joined in float64, as
+    # every 16-bit statistics pass here, within a few float32 ulps)
+    unit = 2.0 ** -(8 if t2 == BF16 else 24 if dtype == F32 else 20)
+    for name, want in exact.items():
+        assert_close(got[name], want, np.abs(want) * unit + 1e-6 * np.abs(mean).max() * unit,
+                     name)
+    # dst is ONNX BatchNormalization-15 in training mode (tested against its oracle)
+    onnx = nk.batch_normalization(X, gamma.astype(F32), beta.astype(F32),
+                                  old_mean.astype(F32), old_var.astype(F32), epsilon=EPS,
+                                  momentum=m, training_mode=1, data_format=fmt)
+    assert_identical(dst, onnx[0])
+    plain = nk.batch_norm_forward_training(X, old_mean, old_var, epsilon=EPS,
+                                           momentum=momentum, data_format=fmt)
+    ones = nk.batch_norm_forward_training(X, old_mean, old_var, np.ones(C, t2),
+                                          np.zeros(C, t2), epsilon=EPS, momentum=momentum,
+                                          data_format=fmt)
+    for u, v in zip(plain, ones, strict=True):
+        assert_identical(u, v)  # no gamma/beta: 1 and 0
+    twin = reference.batch_norm_forward_training(X, old_mean, old_var, gamma, beta,
+                                                 epsilon=EPS, momentum=momentum,
+                                                 data_format=fmt)
+    for name, v in zip(("run_mean", "run_var", "batch_mean", "batch_var"), twin[1:],
+                       strict=True):
+        assert_close(v, exact[name], np.abs(exact[name]) * unit * 2 + 1e-6, "twin " + name)
+
+
+@pytest.mark.parametrize("fmt", ["NXC", "NCX"])
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["float32", "bfloat16", "float16"])
+def test_onednn_training_backward(rng, dtype, fmt):
+    shape = (4, 3, 9, 11)
+    X, dY, _, _, _ = bn_case(rng, shape, dtype, fmt)
+    t2 = BF16 if dtype == BF16 else F32
+    C = 3
+    _, _, _, batch_mean, batch_var = nk.batch_norm_forward_training(
+        X, np.zeros(C, t2), np.ones(C, t2), epsilon=EPS, data_format=fmt)
+    gamma = rng.uniform(0.5, 2, C).astype(t2)
+    diff_src, diff_gamma, diff_beta = nk.batch_norm_training_backward(
+        X, dY, batch_mean, batch_var, gamma, epsilon=EPS, data_format=fmt)
+    assert diff_src.dtype == dtype and diff_gamma.dtype == diff_beta.dtype == t2
+    mean64, var64 = batch_mean.astype(F64), batch_var.astype(F64)
+    exact, tol, exact_dgamma, exact_dbeta = bn_expected(dY, X, gamma, mean64, var64, fmt)
+    assert_close(diff_src, exact, tol, "diff_src")
+    unit = 2.0 ** -(8 if t2 == BF16 else 24)
+    slack = 1e-12 * dY.size * np.abs(dY.astype(F64)).max()
+    assert_close(diff_gamma, exact_dgamma, np.abs(exact_dgamma) * unit + slack, "diff_gamma")
+    assert_close(diff_beta, exact_dbeta, np.abs(exact_dbeta) * unit + slack, "diff_beta")
+    alone = nk.batch_norm_training_backward(X, dY, batch_mean, batch_var, epsilon=EPS,
+                                            data_format=fmt)
+    assert isinstance(alone, np.ndarray)  # no gamma: diff_src alone, for gamma = 1
+    assert_identical(alone, nk.batch_norm_training_backward(
+        X, dY, batch_mean, batch_var, np.ones(C, t2), epsilon=EPS, data_format=fmt)[0])
+    d = dY.copy()
+    got = nk.batch_norm_training_backward(X, d, batch_mean, batch_var, gamma, epsilon=EPS,
+                                          data_format=fmt, out=d)
+    assert got[0] is d
+    assert_identical(d, diff_src)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16, F16], ids=["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape,axis", [((6, 40), -1), ((3, 4, 8, 5), 2), ((2, 3, 70), -1)])
+def test_onednn_layer_norm_backward(rng, shape, axis, dtype):
+    X = (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+    dY = rng.standard_normal(shape).astype(dtype)
+    a = axis % len(shape)
+    span = shape[a:]
+    gamma = rng.uniform(0.5, 2, span).astype(F32)
+    beta = rng.standard_normal(span).astype(F32)
+    _, mean, variance = nk.layer_norm(X, gamma, beta, begin_norm_axis=axis)
+    assert mean.shape == shape[:a]
+    diff_src, diff_gamma, diff_beta = nk.layer_norm_backward(X, dY, mean, variance, gamma, beta,
+                                                             begin_norm_axis=axis)
+    assert diff_src.dtype == dtype and diff_gamma.shape == diff_beta.shape == span
+    assert diff_gamma.dtype == diff_beta.dtype == F32
+    axes = tuple(range(a, len(shape)))
+    m = np.expand_dims(mean.astype(F64), axes)
+    r = 1 / np.sqrt(np.expand_dims(variance.astype(F64), axes) + EPS)
+    exact = given_expected(dY, X, gamma.astype(F64), m, r, axes)
+    rounding = half_ulp(exact, dtype) if dtype != F32 else 2.0**-24 * np.abs(exact)
+    assert_close(diff_src, exact, rounding + 1e-9 * np.abs(exact).max(), "diff_src")
+    lead = tuple(range(a))
+    x_hat = (X.astype(F64) - m) * r
+    np.testing.assert_allclose(diff_gamma, (dY.astype(F64) * x_hat).sum(axis=lead), rtol=1e-5,
+                               atol=1e-5)
+    np.testing.assert_allclose(diff_beta, dY.astype(F64).sum(axis=lead), rtol=1e-5, atol=1e-5)
+    plain = nk.layer_norm_backward(X, dY, mean, variance, begin_norm_axis=axis,
+                                   use_affine=False)
+    assert isinstance(plain, np.ndarray)
+    assert_identical(plain, nk.layer_norm_backward(
+        X, dY, mean, variance, np.ones(span, F32), beta, begin_norm_axis=axis)[0])
+    flat = nk.layer_norm_backward(X, dY, mean, variance, gamma.ravel(), beta.ravel(),
+                                  begin_norm_axis=axis)
+    assert flat[1].shape == (int(np.prod(span)),)
+    assert_identical(flat[0], diff_src)
+    twin = reference.layer_norm_backward(X, dY, mean, variance, gamma, beta,
+                                         begin_norm_axis=axis)
+    assert_close(twin[0], exact, rounding + 1e-9 * np.abs(exact).max(), "twin diff_src")
+
+
+def test_onednn_training_ops_check_their_inputs(rng):
+    X = rng.standard_normal((2, 4, 4, 3)).astype(F32)
+    dY = rng.standard_normal(X.shape).astype(F32)
+    c = np.ones(3, F32)
+    with pytest.raises(TypeError, match="src has dtype float64"):
+        nk.batch_norm_forward_training(X.astype(F64), c, c, epsilon=EPS)
+    with pytest.raises(ValueError, match="give gamma and beta together"):
+        nk.batch_norm_forward_training(X, c, c, c, epsilon=EPS)
+    with pytest.raises(TypeError, match="bfloat16 only when T1"):
+        nk.batch_norm_forward_training(X, c.astype(BF16), c.astype(BF16), epsilon=EPS)
+    with pytest.raises(ValueError, match="epsilon must be positive"):
+        nk.batch_norm_forward_training(X, c, c, epsilon=0.0)
+    with pytest.raises(TypeError, match="momentum must be a float"):
+        nk.batch_norm_forward_training(X, c, c, epsilon=EPS, momentum="0.5")
+    with pytest.raises(ValueError, match=r"mean must have shape \(3,\)"):
+        nk.batch_norm_forward_training(X, np.ones(4, F32), c, epsilon=EPS)
+    with pytest.raises(ValueError, match="empty src"):
+        nk.batch_norm_forward_training(X[:0], c, c, epsilon=EPS)
+    with pytest.raises(TypeError, match="T1"):
+        nk.batch_norm_training_backward(X, dY.astype(F16), c, c, epsilon=EPS)
+    with pytest.raises(ValueError, match="diff_dst must have src's shape"):
+        nk.batch_norm_training_backward(X, dY[:1], c, c, epsilon=EPS)
+    with pytest.raises(ValueError, match="out overlaps diff_dst without being diff_dst"):
+        nk.batch_norm_training_backward(X, dY, c, c, epsilon=EPS, out=dY[::-1])
+    with pytest.raises(ValueError, match="out overlaps src without being src"):
+        nk.batch_norm_forward_training(X, c, c, epsilon=EPS, out=X[::-1])
+    rows = rng.standard_normal((4, 8)).astype(F32)
+    g = np.ones(8, F32)
+    with pytest.raises(ValueError, match="use_affine=True needs gamma and beta"):
+        nk.layer_norm_backward(rows, rows, np.zeros(4, F32), np.ones(4, F32), g)
+    with pytest.raises(ValueError, match=r"variance must have shape \(4,\)"):
+        nk.layer_norm_backward(rows, rows, np.zeros(4, F32), np.ones((4, 1), F32), g, g)
+    with pytest.raises(ValueError, match="gamma must have the normalized shape"):
+        nk.layer_norm_backward(rows, rows, np.zeros(4, F32), np.ones(4, F32), g[:4], g[:4])

@@ -80,10 +80,11 @@ class Engine:
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""
         raise NotImplementedError
 
-    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, path=None):
+    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         """Backward of a row normalization of C-contiguous ``M x K`` rows (statistics
-        recomputed per row; ``gamma`` float64 per column): writes ``dx``, returns the
-        float64 column sums ``(sum dY * x_hat, sum dY)``."""
+        recomputed per row, or ``stats``: float64 ``(M, 2)`` of the caller's mean and
+        ``r = 1 / sqrt(var + epsilon)``; ``gamma`` float64 per column): writes ``dx``,
+        returns the float64 column sums ``(sum dY * x_hat, sum dY)``."""
         raise NotImplementedError
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,

@@ -317,8 +317,9 @@ class NumbaEngine(Engine):
                 _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
                     xs, dys, dxs, P, max(1, backward.ROW_BLOCK_ELEMENTS // P), *tables)
 
-    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, path=None):
+    def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         M, K = x.shape
+        stats = np.empty((0, 2)) if stats is None else np.ascontiguousarray(stats, np.float64)
         xs, dys = _views(x, dy)
         dxs = storage_view(dx.ravel())
         rows_per_item = -(-M // min(M, backward.ROW_ITEMS))
@@ -328,7 +329,7 @@ class NumbaEngine(Engine):
         took("rows_backward", path)
         with launch_guard(path):
             _kernel(backward.rows_backward, backward.rows_backward_serial, path)(
-                xs, dys, dxs, K, gamma, centered, float(epsilon), rows_per_item, part_g,
+                xs, dys, dxs, K, gamma, centered, float(epsilon), stats, rows_per_item, part_g,
                 part_b)
         return part_g.sum(axis=0), part_b.sum(axis=0)
 

@@ -207,15 +207,20 @@ def _row_moments(x, dy, gamma, mean):
 
 
 @njit(**KERNEL_OPTIONS)
-def _row_backward(x, dy, dx, gamma, centered, epsilon, dgamma, dbeta):
+def _row_backward(x, dy, dx, gamma, centered, epsilon, given, mean, r, dgamma, dbeta):
     """One row (``x``, ``dy``, ``dx`` slices of K; ``gamma`` float64 per column): its
-    statistics recomputed (float64, two passes: the row is in cache), then ``dX = r (g -
-    <g> - x_hat <g x_hat>)`` with ``g = dY * gamma`` (RMS: no centring, no ``<g>``), and
-    ``dY * x_hat``, ``dY`` added into the column partials ``dgamma``, ``dbeta``."""
+    statistics recomputed (float64, two passes: the row is in cache) unless ``given``
+    (then ``mean`` and ``r``, the caller's), then ``dX = r (g - <g> - x_hat <g x_hat>)``
+    with ``g = dY * gamma`` (RMS: no centring, no ``<g>``), and ``dY * x_hat``, ``dY``
+    added into the column partials ``dgamma``, ``dbeta``."""
     K = x.size
-    mean = _row_sum(x) / K if centered else 0.0
+    if not given:
+        mean = _row_sum(x) / K if centered else 0.0
+    elif not centered:
+        mean = 0.0
     q, sg, sgx = _row_moments(x, dy, gamma, mean)
-    r = 1.0 / np.sqrt(q / K + epsilon)
+    if not given:
+        r = 1.0 / np.sqrt(q / K + epsilon)
     mg = sg / K if centered else 0.0
     mgx = sgx * r / K  # <g x_hat>
     for j in range(K):
@@ -227,12 +232,14 @@ def _row_backward(x, dy, dx, gamma, centered, epsilon, dgamma, dbeta):
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def rows_backward(x, dy, dx, K, gamma, centered, epsilon, rows_per_item, part_dgamma,
+def rows_backward(x, dy, dx, K, gamma, centered, epsilon, stats, rows_per_item, part_dgamma,
                   part_dbeta):
     """Every row of ``K`` (``x.size // K`` rows), items of ``rows_per_item`` rows in
     parallel; item ``t`` adds its rows' parameter gradients into ``part_*[t]`` (merged
-    afterwards in item order: the same bits for any thread count)."""
+    afterwards in item order: the same bits for any thread count). ``stats``: per row
+    (mean, r) in float64, the caller's statistics, or no rows (recompute them)."""
     M = x.size // K
+    given = stats.shape[0] > 0
     for t in prange(part_dgamma.shape[0]):
         pg, pb = part_dgamma[t], part_dbeta[t]
         for j in range(K):
@@ -240,8 +247,9 @@ def rows_backward(x, dy, dx, K, gamma, centered, epsilon, rows_per_item, part_dg
             pb[j] = 0.0
         for row in range(t * rows_per_item, min(M, (t + 1) * rows_per_item)):
             lo = row * K
+            mean, r = (stats[row, 0], stats[row, 1]) if given else (0.0, 0.0)
             _row_backward(x[lo:lo + K], dy[lo:lo + K], dx[lo:lo + K], gamma, centered,
-                          epsilon, pg, pb)
+                          epsilon, given, mean, r, pg, pb)
 
 
 rows_backward_serial = serial_twin(rows_backward, **KERNEL_OPTIONS)

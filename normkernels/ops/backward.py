@@ -46,25 +46,6 @@ def _arrays(label, dY, X, params):
     return dY, X, arrays
 
 
-def _check_out(label, out, X, dY, params):
-    """``out`` (dX): X's shape and dtype, writeable; it may be dY or X itself (each
-    element is read before it is written), and shares memory with nothing else."""
-    if not isinstance(out, np.ndarray):
-        raise TypeError(f"{label}: out must be a numpy.ndarray, got {type(out).__name__}")
-    if out.shape != X.shape or out.dtype != X.dtype:
-        raise ValueError(f"{label}: out must have the shape and dtype of X "
-                         f"({X.shape}, {X.dtype}), got ({out.shape}, {out.dtype})")
-    if not out.flags.writeable:
-        raise ValueError(f"{label}: out is read-only")
-    for name, arr in (("X", X), ("dY", dY)):
-        if (np.shares_memory(out, arr) and not common._same_view(out, arr)):
-            raise ValueError(f"{label}: out overlaps {name} without being {name} itself "
-                             f"(in place needs out={name} exactly)")
-    for name, p in params.items():
-        if np.shares_memory(out, p):
-            raise ValueError(f"{label}: out shares memory with {name}")
-
-
 def _same_layout(X, dY, data_format):
     """``(x, dy, order, S)``: X and dY as C-contiguous views (or copies) in X's memory
     order, channel ``c`` of flat element ``i`` being ``(i // S) % C``."""
@@ -85,6 +66,35 @@ def _inv_std(label, var, inv_std, epsilon):
     eps = common.check_epsilon(label, epsilon)
     with np.errstate(all="ignore"):
         return 1.0 / np.sqrt(np.asarray(var, np.float64) + eps)
+
+
+def given_statistics(label, mean, inv_std, lead, centered):
+    """The caller's statistics as float64 ``(mean, r)`` of shape ``lead`` (None when
+    neither is given: recompute them). Each may have shape ``lead`` or ``lead`` followed
+    by ones (the forward's keepdims outputs); a centred normalization needs both or
+    neither, RMS takes only ``inv_std``."""
+    if not centered and mean is not None:
+        raise ValueError(f"{label}: takes no mean (RMS normalization is not centred); "
+                         "give inv_std alone")
+    if centered and (mean is None) != (inv_std is None):
+        raise ValueError(f"{label}: give both mean and inv_std (the forward's statistics) or "
+                         f"neither (recomputed from X), got only "
+                         f"{'mean' if mean is not None else 'inv_std'}")
+    if inv_std is None:
+        return None
+    values = []
+    for name, v in (("mean", mean), ("inv_std", inv_std)):
+        if v is None:
+            values.append(np.zeros(lead))
+            continue
+        arr = common.as_array(name, v)
+        common.check_dtype(label, name, arr, ALL_FLOATS)
+        extra = arr.shape[len(lead):]
+        if arr.shape[:len(lead)] != tuple(lead) or any(n != 1 for n in extra):
+            raise ValueError(f"{label}: {name} must have shape {tuple(lead)} (or that followed "
+                             f"by ones), got {arr.shape}")
+        values.append(arr.astype(np.float64).reshape(lead))
+    return values[0], values[1]
 
 
 def rounded(mean, a, b, k, dtype):
@@ -148,7 +158,7 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     common.check_channel_params(label, C, params)
     r = _inv_std(label, params.get("var"), params.get("inv_std"), epsilon)
     if out is not None:
-        _check_out(label, out, X, dY, params)
+        common.check_out(label, out, X, params, {"X": X, "dY": dY})
     pdtype = params["scale"].dtype
     if X.size == 0:
         zeros = np.zeros(C, pdtype)
@@ -163,12 +173,13 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
 
 
-def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, data_format="NCX",
-                                    out=None, engine, path=None):
+def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, mean=None, inv_std=None,
+                                    data_format="NCX", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.instance_normalization_backward`: the group
     backward pass with groups of one channel (the statistics of every (n, c)
-    recomputed from X)."""
-    return _group_backward(IN, dY, X, scale, None, epsilon, data_format, out, engine, path)
+    recomputed from X unless given)."""
+    return _group_backward(IN, dY, X, scale, None, epsilon, mean, inv_std, data_format, out,
+                           engine, path)
 
 
 def _merge_groups(count, mean, m2, group):
@@ -183,15 +194,16 @@ def _merge_groups(count, mean, m2, group):
     return total, gmean, gm2
 
 
-def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, data_format="NCX",
-                                 out=None, engine, path=None):
+def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, mean=None,
+                                 inv_std=None, data_format="NCX", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization_backward` (GroupNormalization-21:
     scale per channel)."""
-    return _group_backward(GN, dY, X, scale, num_groups, epsilon, data_format, out, engine,
-                           path)
+    return _group_backward(GN, dY, X, scale, num_groups, epsilon, mean, inv_std, data_format,
+                           out, engine, path)
 
 
-def _group_backward(label, dY, X, scale, num_groups, epsilon, data_format, out, engine, path):
+def _group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data_format, out,
+                    engine, path):
     """Per (n, group) of M elements, with ``g = dY * scale[c]``: ``dX = r (g - <g> - x_hat
     <g x_hat>)``, that is ``dY * scale[c] r + (x - mu) * B + K`` with ``B = -r^3 sum(g (x -
     mu)) / M`` and ``K = -r sum(g) / M``: the per-(n, c) sums of the reduction weighted by
@@ -209,10 +221,11 @@ def _group_backward(label, dY, X, scale, num_groups, epsilon, data_format, out, 
     common.check_channel_params(label, C, params)
     G = C if num_groups is None else check_groups(label, "num_groups", num_groups, C)
     eps = common.check_epsilon(label, epsilon)
-    if out is not None:
-        _check_out(label, out, X, dY, params)
-    pdtype = params["scale"].dtype
     N, Cg = X.shape[0], C // max(G, 1)
+    given = given_statistics(label, mean, inv_std, (N, G), True)
+    if out is not None:
+        common.check_out(label, out, X, params, {"X": X, "dY": dY})
+    pdtype = params["scale"].dtype
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     if X.size == 0 or spatial == 0:
         if spatial == 0 and N * C > 0:
@@ -228,11 +241,16 @@ def _group_backward(label, dY, X, scale, num_groups, epsilon, data_format, out, 
         views, planes, per = [(x[n], dy[n], dx[n]) for n in range(N)], C, 1
     gamma = np.tile(scale64, planes // C)
     dscale, dB = np.zeros(C), np.zeros(C)
-    for xv, dyv, dxv in views:
-        count, mean, m2 = engine.channel_moments(xv, planes, per, path)
-        M, gmean, gm2 = _merge_groups(count, mean, m2, Cg)
-        with np.errstate(all="ignore"):
-            r = 1.0 / np.sqrt(gm2 / M + eps)
+    M = Cg * spatial
+    for i, (xv, dyv, dxv) in enumerate(views):
+        if given is None:
+            count, mu, m2 = engine.channel_moments(xv, planes, per, path)
+            M, gmean, gm2 = _merge_groups(count, mu, m2, Cg)
+            with np.errstate(all="ignore"):
+                r = 1.0 / np.sqrt(gm2 / M + eps)
+        else:  # the caller's, per (n, group): all samples at once, or sample i
+            rows = slice(None) if len(views) == 1 else slice(i, i + 1)
+            gmean, r = given[0][rows].ravel(), given[1][rows].ravel()
         mu = np.repeat(gmean, Cg)  # each plane reduced around its group's mean
         sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per, mu, path)
         with np.errstate(all="ignore"):
@@ -262,15 +280,17 @@ def _sum_to(v, shape):
     return v.sum(axis=axes, keepdims=True) if axes else v.reshape(shape)
 
 
-def _rows_backward(label, dY, X, scale, axis, epsilon, centered, out, engine, path):
+def _rows_backward(label, dY, X, scale, axis, epsilon, mean, inv_std, centered, out, engine,
+                   path):
     from normkernels.ops import rows
 
     dY, X, params = _arrays(label, dY, X, {"scale": scale})
     a = rows.normalized_axis(label, "axis", axis, X.ndim)
     eps = common.check_epsilon(label, epsilon)
     rows.check_broadcast(label, "scale", params["scale"], X.shape[a:])
+    given = given_statistics(label, mean, inv_std, X.shape[:a], centered)
     if out is not None:
-        _check_out(label, out, X, dY, params)
+        common.check_out(label, out, X, params, {"X": X, "dY": dY})
     M, K = rows.rows_shape(X.shape, a)
     span = X.shape[a:]
     pshape, pdtype = params["scale"].shape, params["scale"].dtype
@@ -285,7 +305,8 @@ def _rows_backward(label, dY, X, scale, axis, epsilon, centered, out, engine, pa
         dx = np.empty((M, K), X.dtype)
     gamma = np.ascontiguousarray(np.broadcast_to(params["scale"].astype(np.float64), span)
                                  ).reshape(K)
-    dgamma, dbeta = engine.rows_backward(x, dy, dx, gamma, centered, eps, path)
+    stats = None if given is None else np.stack([v.reshape(M) for v in given], axis=1)
+    dgamma, dbeta = engine.rows_backward(x, dy, dx, gamma, centered, eps, stats, path)
     dX = dx.reshape(X.shape)
     if out is not None:  # dx is out's memory, or a new array to copy there
         if not np.shares_memory(dX, out):
@@ -297,16 +318,18 @@ def _rows_backward(label, dY, X, scale, axis, epsilon, centered, out, engine, pa
 
 
 def layer_normalization_backward(dY, X, Scale, *, axis=-1, epsilon=1e-5, stash_type=1,
-                                 out=None, engine, path=None):
+                                 mean=None, inv_std=None, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.layer_normalization_backward`."""
     from normkernels.ops.layer_normalization import stash_dtype
 
     stash_dtype(LN, stash_type)
-    return _rows_backward(LN, dY, X, Scale, axis, epsilon, True, out, engine, path)
+    return _rows_backward(LN, dY, X, Scale, axis, epsilon, mean, inv_std, True, out, engine,
+                          path)
 
 
-def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, out=None, engine,
-                               path=None):
+def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, inv_std=None, out=None,
+                               engine, path=None):
     """Spec layer of :func:`normkernels.rms_normalization_backward`: ``(dX, dscale)``."""
-    dX, dscale, _ = _rows_backward(RMS, dY, X, scale, axis, epsilon, False, out, engine, path)
+    dX, dscale, _ = _rows_backward(RMS, dY, X, scale, axis, epsilon, None, inv_std, False, out,
+                                   engine, path)
     return dX, dscale

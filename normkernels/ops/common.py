@@ -207,19 +207,24 @@ def _same_view(a, b):
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
 
-def check_out(op, out, X, params):
+def check_out(op, out, X, params, inputs=None):
     """``out`` must be a writeable array of X's shape and dtype, and share memory with
-    no input except by being X itself."""
+    no input except by being X itself, or one of ``inputs`` (name -> array, X first:
+    the inputs the kernel reads each element of before writing it; default X alone)."""
+    inputs = {"X": X} if inputs is None else inputs
+    x_name = next(iter(inputs))
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{op}: out must be a numpy.ndarray, got {type(out).__name__}")
     if out.shape != X.shape or out.dtype != X.dtype:
-        raise ValueError(f"{op}: out must have the shape and dtype of X "
+        raise ValueError(f"{op}: out must have the shape and dtype of {x_name} "
                          f"({X.shape}, {X.dtype}), got ({out.shape}, {out.dtype})")
     if not out.flags.writeable:
         raise ValueError(f"{op}: out is read-only")
-    if np.may_share_memory(out, X) and not _same_view(out, X) and np.shares_memory(out, X):
-        raise ValueError(f"{op}: out overlaps X without being X itself "
-                         "(in-place needs out=X exactly)")
+    for name, arr in inputs.items():
+        if (np.may_share_memory(out, arr) and not _same_view(out, arr)
+                and np.shares_memory(out, arr)):
+            raise ValueError(f"{op}: out overlaps {name} without being {name} itself "
+                             f"(in-place needs out={name} exactly)")
     for name, p in params.items():
         if np.may_share_memory(out, p) and np.shares_memory(out, p):
             raise ValueError(f"{op}: out shares memory with {name}")

@@ -1,0 +1,166 @@
+"""oneDNN Graph's training operations (spec layer): BatchNormForwardTraining-1,
+BatchNormTrainingBackward-1 and LayerNormBackward-1 (specs/backward-passes.md,
+section 5).
+
+BatchNormForwardTraining: ``dst`` normalized with the batch mean and population
+variance over N and the spatial axes, and the running statistics ``momentum * old +
+(1 - momentum) * batch`` (the ONNX convention; ``mean`` and ``variance`` are the OLD
+running statistics). The operation document marks ``momentum`` optional without a
+default; the dnnl backend, its only implementation, uses 0.5
+(``src/graph/backend/dnnl/executables/batch_norm.hpp``), so None means 0.5 here.
+ONNX's 0.9 and PyTorch's 0.1 (the opposite convention) belong to other operators.
+
+BatchNormTrainingBackward: the training-mode gradient of ``dst``, from the batch
+``mean`` and ``variance`` with ``epsilon`` (``r = 1 / sqrt(variance + epsilon)``: the
+forward's epsilon). With gamma the outputs are ``(diff_src, diff_gamma, diff_beta)``;
+without, ``diff_src`` alone, computed for gamma = 1. (The document lets a graph pass
+gamma yet not ask for diff_gamma/diff_beta; here gamma always brings them.)
+
+LayerNormBackward: the gradient of LayerNorm from its ``mean`` and ``variance`` outputs
+(shape ``src.shape[:begin_norm_axis]``); ``use_affine`` (default) needs gamma and beta
+and returns ``(diff_src, diff_gamma, diff_beta)`` of gamma's shape; without it,
+``diff_src`` alone. beta takes no part in the gradient; it is checked as an input.
+
+Types: src, diff_dst and dst/diff_src (T1) float32, bfloat16 or float16; the
+statistics, gamma and beta (T2) float32, or bfloat16 when src is bfloat16. Ranks: the
+forward's (2-D or more); oneDNN's own shape inference asks 4-D of the BN backward.
+"""
+
+import numpy as np
+
+from normkernels.ops import backward, common, rows
+from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
+
+FORWARD = "BatchNormForwardTraining"
+BACKWARD = "BatchNormTrainingBackward"
+LN_BACKWARD = "LayerNormBackward"
+T1 = (FLOAT32, BFLOAT16, FLOAT16)
+T2 = (FLOAT32, BFLOAT16)
+MOMENTUM = 0.5  # the dnnl backend's value when the attribute is absent
+
+
+def _tensors(label, named):
+    """The T1 tensors (``named``: name -> value, the first is src): arrays of one dtype
+    and one shape."""
+    arrays = {n: common.as_array(n, v) for n, v in named.items()}
+    for name, arr in arrays.items():
+        common.check_dtype(label, name, arr, T1)
+    common.check_same_dtype(label, "T1", arrays)
+    first, src = next(iter(arrays.items()))
+    for name, arr in arrays.items():
+        if arr.shape != src.shape:
+            raise ValueError(f"{label}: {name} must have {first}'s shape {src.shape}, "
+                             f"got {arr.shape}")
+    return list(arrays.values())
+
+
+def _params(label, src, named):
+    """The given T2 inputs: one dtype, float32 or (for bfloat16 src) bfloat16."""
+    params = {n: common.as_array(n, v) for n, v in named.items() if v is not None}
+    for name, p in params.items():
+        common.check_dtype(label, name, p, T2)
+    common.check_same_dtype(label, "T2", params)
+    if any(p.dtype == BFLOAT16 for p in params.values()) and src.dtype != BFLOAT16:
+        raise TypeError(f"{label}: T2 ({', '.join(params)}) can be bfloat16 only when T1 "
+                        f"(src) is bfloat16; src is {src.dtype}")
+    return params
+
+
+def _both_or_neither(label, gamma, beta):
+    if (gamma is None) != (beta is None):
+        raise ValueError(f"{label}: give gamma and beta together or neither, got only "
+                         f"{'gamma' if gamma is not None else 'beta'}")
+
+
+def _channels(label, src, data_format, params):
+    common.check_data_format(label, data_format)
+    if src.ndim < 2:
+        raise ValueError(f"{label}: src must have at least 2 dimensions (N and C), got "
+                         f"shape {src.shape}")
+    C = common.channel_count(src, data_format)
+    common.check_channel_params(label, C, params)
+    return C
+
+
+def batch_norm_forward_training(src, mean, variance, gamma=None, beta=None, *, epsilon,
+                                momentum=None, data_format="NXC", out=None, engine,
+                                path=None):
+    """Spec layer of :func:`normkernels.batch_norm_forward_training`."""
+    label = FORWARD
+    (X,) = _tensors(label, {"src": src})
+    _both_or_neither(label, gamma, beta)
+    params = _params(label, X, {"mean": mean, "variance": variance, "gamma": gamma,
+                                "beta": beta})
+    C = _channels(label, X, data_format, params)
+    eps = common.check_epsilon(label, epsilon, positive=True)
+    m = MOMENTUM if momentum is None else common.check_float_attribute(label, "momentum",
+                                                                       momentum)
+    if out is not None:
+        common.check_out(label, out, X, params, {"src": X})
+    if X.size == 0:
+        raise ValueError(f"{label}: an empty src (shape {X.shape}): batch statistics of zero "
+                         "elements are undefined")
+    t2 = params["mean"].dtype
+    scale = params.get("gamma", np.ones(C, t2))
+    shift = params.get("beta", np.zeros(C, t2))
+    Xc, C, S = common.contiguous_layout(X, data_format)
+    count, batch_mean, m2 = engine.channel_moments(Xc, C, S, path)
+    batch_var = m2 / count  # population variance
+    dst = common.infer(X, scale, shift, batch_mean, batch_var, eps, data_format, out, engine,
+                       path)
+    running_mean = engine.running(params["mean"], batch_mean, m, t2)
+    running_var = engine.running(params["variance"], batch_var, m, t2)
+    return dst, running_mean, running_var, batch_mean.astype(t2), batch_var.astype(t2)
+
+
+def batch_norm_training_backward(src, diff_dst, mean, variance, gamma=None, *, epsilon,
+                                 data_format="NXC", out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.batch_norm_training_backward`."""
+    label = BACKWARD
+    X, dY = _tensors(label, {"src": src, "diff_dst": diff_dst})
+    params = _params(label, X, {"mean": mean, "variance": variance, "gamma": gamma})
+    C = _channels(label, X, data_format, params)
+    eps = common.check_epsilon(label, epsilon, positive=True)
+    if out is not None:
+        common.check_out(label, out, X, params, {"src": X, "diff_dst": dY})
+    scale = params.get("gamma", np.ones(C, params["mean"].dtype))
+    dX, dgamma, dbeta = backward.batch_normalization_backward(
+        dY, X, scale, params["mean"], params["variance"], epsilon=eps, training=True,
+        data_format=data_format, out=out, engine=engine, path=path)
+    return (dX, dgamma, dbeta) if gamma is not None else dX
+
+
+def layer_norm_backward(src, diff_dst, mean, variance, gamma=None, beta=None, *,
+                        begin_norm_axis=-1, epsilon=1e-5, use_affine=True, out=None, engine,
+                        path=None):
+    """Spec layer of :func:`normkernels.layer_norm_backward`."""
+    from normkernels.ops.layer_norm import affine_params
+
+    label = LN_BACKWARD
+    X, dY = _tensors(label, {"src": src, "diff_dst": diff_dst})
+    a = rows.normalized_axis(label, "begin_norm_axis", begin_norm_axis, X.ndim)
+    eps = common.check_epsilon(label, epsilon)
+    affine = affine_params(label, X, use_affine, gamma, beta, allowed=T2)
+    stats = _params(label, X, {"mean": mean, "variance": variance, **affine})
+    span, lead = X.shape[a:], X.shape[:a]
+    K = rows.rows_shape(X.shape, a)[1]
+    for name in affine:
+        if stats[name].shape not in (span, (K,)):
+            raise ValueError(f"{label}: {name} must have the normalized shape {span} "
+                             f"(or ({K},)), got {stats[name].shape}")
+    for name in ("mean", "variance"):
+        if stats[name].shape != lead:
+            raise ValueError(f"{label}: {name} must have shape {lead} (src.shape[:"
+                             f"begin_norm_axis]), got {stats[name].shape}")
+    if out is not None:
+        common.check_out(label, out, X, stats, {"src": X, "diff_dst": dY})
+    with np.errstate(all="ignore"):
+        inv_std = 1.0 / np.sqrt(stats["variance"].astype(np.float64) + eps)
+    scale = stats["gamma"].reshape(span) if affine else np.ones(span, FLOAT32)
+    dX, dgamma, dbeta = backward.layer_normalization_backward(
+        dY, X, scale, axis=a, epsilon=eps, mean=stats["mean"], inv_std=inv_std, out=out,
+        engine=engine, path=path)
+    if not affine:
+        return dX
+    shape = stats["gamma"].shape
+    return dX, dgamma.reshape(shape), dbeta.reshape(shape).astype(stats["beta"].dtype)
