@@ -391,8 +391,16 @@ MUTATIONS = [
                                       "    if True:\n        r = 1.0 / np.sqrt")], BACKWARD),
     mutation("given-group-stats-ignored/backward", "the group backward recomputes the "
              "statistics although the caller gave them", [
-                 (BWD_SPEC, "        if given is None:\n            count, mu, m2",
-                  "        if True:\n            count, mu, m2")], BACKWARD),
+                 (BWD_SPEC, "        if given is None:  # one reduction gives",
+                  "        if True:  # one reduction gives")], BACKWARD),
+    mutation("chunk-shift-dropped/backward", "the fused group reduction adds each chunk's "
+             "sums around the chunk's mean as if around the group's", [
+                 (BWD_K, "t2 += part2[k] - (mu - part_mean[k]) * part1[k]",
+                  "t2 += part2[k]")], BACKWARD),
+    mutation("row-block-shift-dropped/backward", "the fused channels-last reduction adds "
+             "each block's sums around the block's column mean as if around the group's", [
+                 (BWD_K, "t2 += part2[blk, j] - (mu - part_mean[blk, j]) * part1[blk, j]",
+                  "t2 += part2[blk, j]")], BACKWARD),
     mutation("onednn-momentum-onnx/backward", "oneDNN's BatchNormForwardTraining defaults "
              "to ONNX's momentum 0.9, not the dnnl backend's 0.5", [
                  ("normkernels/ops/onednn_training.py", "MOMENTUM = 0.5", "MOMENTUM = 0.9")],

@@ -888,3 +888,38 @@ def test_onednn_training_ops_check_their_inputs(rng):
         nk.layer_norm_backward(rows, rows, np.zeros(4, F32), np.ones((4, 1), F32), g, g)
     with pytest.raises(ValueError, match="gamma must have the normalized shape"):
         nk.layer_norm_backward(rows, rows, np.zeros(4, F32), np.ones(4, F32), g[:4], g[:4])
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("instance", [False, True], ids=["groupnorm", "instancenorm"])
+def test_group_backward_fused_reduction_routes(rng, routes, instance, fmt):
+    """Long planes (fused-planes) and channels-last samples (fused-rows): one reduction
+    gives the statistics and the sums, the same bits on either path, and within the
+    oracle's bound; short planes take the two reductions."""
+    shape = (2, 4, 300, 301)  # 90300 elements a plane: two chunks, the last one short
+    X = layout((rng.standard_normal(shape) * 3 + 50).astype(F32), fmt)
+    dY = layout(rng.standard_normal(shape).astype(F32), fmt)
+    scale = rng.uniform(0.5, 2, 4).astype(F32)
+    G = 4 if instance else 2
+    results = []
+    for path in ("serial", "parallel"):
+        routes.clear()
+        if instance:
+            results.append(spec.instance_normalization_backward(
+                dY, X, scale, epsilon=EPS, data_format=fmt, engine=ENGINE, path=path))
+        else:
+            results.append(spec.group_normalization_backward(
+                dY, X, scale, num_groups=G, epsilon=EPS, data_format=fmt, engine=ENGINE,
+                path=path))
+        fused = "fused-planes" if fmt == "NCX" else "fused-rows"
+        assert f"grad_sums/{fused}/{path}" in routes
+        assert not any(r.startswith("moments/") for r in routes)  # no separate statistics
+    for u, v in zip(*results, strict=True):
+        assert_identical(u, v)
+    exact, tol, exact_dscale, exact_dB = group_expected(dY, X, scale, G, fmt)
+    assert_close(results[0][0], exact, tol, "dX")
+    check_parameters(results[0][1], results[0][2], exact_dscale, exact_dB, dY)
+    routes.clear()
+    small = rng.standard_normal((2, 4, 5, 5)).astype(F32)
+    nk.group_normalization_backward(small, small, scale, num_groups=2)
+    assert any(r.startswith("moments/") for r in routes)

@@ -75,6 +75,22 @@ class Engine:
         C-contiguous ``x`` and ``dy`` (the backward passes' reduction)."""
         raise NotImplementedError
 
+    def group_grad_sums(self, x, dy, planes, S, group, path=None):
+        """The reduction of the instance and group backward passes over ``planes``
+        planes of ``S`` (C-contiguous ``x``, ``dy``), groups of ``group`` consecutive
+        planes: per group ``(count, mean, M2)`` of x, per plane ``(sum dy, sum dy * (x -
+        its group's mean))``, float64. Here: the statistics, then the sums around them."""
+        count, mean, m2 = self.channel_moments(x, planes, S, path)
+        n = count.reshape(-1, group).astype(np.float64)
+        mu = mean.reshape(-1, group)
+        total = n.sum(axis=1)
+        with np.errstate(all="ignore"):  # exact merges of the per-plane moments
+            gmean = (n * mu).sum(axis=1) / total
+            gm2 = (m2.reshape(-1, group) + n * (mu - gmean[:, None]) ** 2).sum(axis=1)
+        sum_dy, sum_dyx = self.channel_grad_sums(x, dy, planes, S, np.repeat(gmean, group),
+                                                 path)
+        return total, gmean, gm2, sum_dy, sum_dyx
+
     def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
         """``dx = dy * a[c] + (x - m[c]) * b[c] + k[c]`` in the compute dtype, rounded
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""

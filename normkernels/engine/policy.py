@@ -39,7 +39,9 @@ ROUTES = (
     "one-thread",  # a forked child: every call on the serial path
     "lp/rows/serial", "lp/rows/parallel", "lp/columns/serial", "lp/columns/parallel",
     "lrn/planes/serial", "lrn/planes/parallel", "lrn/rows/serial", "lrn/rows/parallel",
-    "grad_sums/planes/serial", "grad_sums/planes/parallel", "grad_sums/rows/serial",
+    "grad_sums/planes/serial", "grad_sums/planes/parallel", "grad_sums/fused-planes/serial",
+    "grad_sums/fused-planes/parallel", "grad_sums/fused-rows/serial",
+    "grad_sums/fused-rows/parallel", "grad_sums/rows/serial",
     "grad_sums/rows/parallel", "grad_apply/planes/serial", "grad_apply/planes/parallel",
     "grad_apply/rows/serial", "grad_apply/rows/parallel",
     "rows_backward/serial", "rows_backward/parallel",

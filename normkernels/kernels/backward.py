@@ -27,7 +27,16 @@ from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lp import store_rounded
 from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS
-from normkernels.kernels.statistics import PLANE_CHUNK
+from normkernels.kernels.statistics import (
+    COLUMN_TILE,
+    LINE,
+    PLANE_CHUNK,
+    ROW_UNROLL,
+    _deviation,
+    chan_merge,
+    chunk_moments,
+)
+from normkernels.kernels.vectors import prefetch
 
 GRAD_MIN_PLANE = 256  # planes at least this long are reduced and written plane by plane
 ROW_BLOCK_ELEMENTS = 1 << 16  # elements per work item of the rows loops (about)
@@ -79,34 +88,172 @@ def merge_plane_sums(part1, part2, C, S, total1, total2):
         total2[c] = t2
 
 
-@njit(**MOMENTS_OPTIONS)
-def _add_row_sums(x, dy, mu, s1, s2):
-    """``s1[j] += dy[j]``, ``s2[j] += dy[j] * (x[j] - mu[j])``: vectorised across the
-    columns, each column's sum in order of the rows."""
-    for j in range(x.size):
-        g = np.float64(load(dy, j))
-        s1[j] += g
-        s2[j] += g * (np.float64(load(x, j)) - mu[j])
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def plane_moment_sums(x, dy, S, part_mean, part_m2, part1, part2):
+    """The reduction that also finds the statistics (instance and group normalization):
+    per (plane, chunk) the chunk's ``(mean, M2)`` and ``(sum dy, sum dy * (x - mean))``
+    around that chunk mean. X and dY are read from memory once; the chunk (at most
+    ``PLANE_CHUNK`` elements) is read again from L2 for the second sums."""
+    chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
+    for item in prange(part1.size):
+        p = item // chunks
+        lo = p * S + (item % chunks) * PLANE_CHUNK
+        hi = min((p + 1) * S, lo + PLANE_CHUNK)
+        mean, m2 = chunk_moments(x[lo:hi])
+        part_mean[item] = mean
+        part_m2[item] = m2
+        part1[item], part2[item] = _span_sums(x[lo:hi], dy[lo:hi], mean)
 
 
 @njit(**KERNEL_OPTIONS)
-def _row_block_sums(x, dy, P, first, last, mu, s1, s2):
-    for j in range(P):
-        s1[j] = 0.0
-        s2[j] = 0.0
-    for r in range(first, last):
-        _add_row_sums(x[r * P:(r + 1) * P], dy[r * P:(r + 1) * P], mu, s1, s2)
+def merge_group_sums(part_mean, part_m2, part1, part2, S, group, count, mean, m2, total1,
+                     total2):
+    """Per group of ``group`` consecutive planes: ``(count, mean, M2)`` by Chan's merge
+    of its chunks in order; per plane: ``sum dy`` and ``sum dy * (x - its group's
+    mean)``, each chunk's sum moved from the chunk's mean to the group's (``- (mean -
+    chunk mean) * sum dy``: the means are close, so the correction is small)."""
+    chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
+    n_planes = part1.size // chunks
+    for g in range(n_planes // group):
+        n, mu, q = 0, 0.0, 0.0
+        for k in range(g * group * chunks, (g + 1) * group * chunks):
+            size = min(PLANE_CHUNK, S - (k % chunks) * PLANE_CHUNK)
+            n, mu, q = chan_merge(n, mu, q, size, part_mean[k], part_m2[k])
+        count[g] = n
+        mean[g] = mu
+        m2[g] = q
+        for p in range(g * group, (g + 1) * group):
+            t1 = 0.0
+            t2 = 0.0
+            for k in range(p * chunks, (p + 1) * chunks):
+                t1 += part1[k]
+                t2 += part2[k] - (mu - part_mean[k]) * part1[k]
+            total1[p] = t1
+            total2[p] = t2
 
 
-@njit(parallel=True, **KERNEL_OPTIONS)
+GRAD_PREFETCH_BYTES = 8192  # row_sums: how far ahead it asks for rows of X and dY
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
 def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
     """Partials per (row block, column) of rows of ``P`` columns; ``mu[j]`` is the mean
-    of column ``j``'s channel."""
+    of column ``j``'s channel. Work items are (row block, tile of COLUMN_TILE columns);
+    each sums into local accumulators, four rows per sweep, and asks for the rows
+    GRAD_PREFETCH_BYTES ahead (the shape of ``statistics.row_partials``: short rows are
+    many small streams the hardware prefetchers follow late)."""
     n_rows = x.size // P
-    for blk in prange(part1.shape[0]):
+    n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
+    for item in prange(part1.shape[0] * n_tiles):
+        blk = item // n_tiles
+        j0 = (item % n_tiles) * COLUMN_TILE
+        j1 = min(P, j0 + COLUMN_TILE)
+        width = j1 - j0
         first = blk * rows_per_block
-        _row_block_sums(x, dy, P, first, min(n_rows, first + rows_per_block), mu,
-                        part1[blk], part2[blk])
+        last = min(n_rows, first + rows_per_block)
+        m = mu[j0:j1].copy()
+        s1 = np.zeros(width)
+        s2 = np.zeros(width)
+        ahead = max(ROW_UNROLL, GRAD_PREFETCH_BYTES // (P * x.itemsize))
+        step = LINE // x.itemsize
+        r = first
+        while r + ROW_UNROLL <= last:
+            if r + ahead < last:
+                for k in range(r + ahead, min(last, r + ahead + ROW_UNROLL)):
+                    for j in range(k * P + j0, k * P + j1, step):
+                        prefetch(x, j)
+                        prefetch(dy, j)
+            x0, g0 = x[r * P + j0:r * P + j1], dy[r * P + j0:r * P + j1]
+            x1, g1 = x[(r + 1) * P + j0:(r + 1) * P + j1], dy[(r + 1) * P + j0:(r + 1) * P + j1]
+            x2, g2 = x[(r + 2) * P + j0:(r + 2) * P + j1], dy[(r + 2) * P + j0:(r + 2) * P + j1]
+            x3, g3 = x[(r + 3) * P + j0:(r + 3) * P + j1], dy[(r + 3) * P + j0:(r + 3) * P + j1]
+            for j in range(width):
+                a0 = np.float64(load(g0, j))
+                a1 = np.float64(load(g1, j))
+                a2 = np.float64(load(g2, j))
+                a3 = np.float64(load(g3, j))
+                s1[j] += (a0 + a1) + (a2 + a3)
+                s2[j] += ((a0 * _deviation(x0, j, m[j]) + a1 * _deviation(x1, j, m[j]))
+                          + (a2 * _deviation(x2, j, m[j]) + a3 * _deviation(x3, j, m[j])))
+            r += ROW_UNROLL
+        for tail in range(r, last):
+            xr, gr = x[tail * P + j0:tail * P + j1], dy[tail * P + j0:tail * P + j1]
+            for j in range(width):
+                a = np.float64(load(gr, j))
+                s1[j] += a
+                s2[j] += a * _deviation(xr, j, m[j])
+        part1[blk, j0:j1] = s1
+        part2[blk, j0:j1] = s2
+
+
+@njit(parallel=True, **MOMENTS_OPTIONS)
+def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
+    """:func:`plane_moment_sums` for rows of ``P`` columns (channels-last samples): per
+    (row block, column) the block's column ``(mean, M2)`` by two passes (the block,
+    at most ROW_BLOCK_ELEMENTS, is read again from L2) and ``(sum dy, sum dy * (x -
+    that mean))``. X and dY are read from memory once."""
+    n_rows = x.size // P
+    n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
+    for item in prange(part1.shape[0] * n_tiles):
+        blk = item // n_tiles
+        j0 = (item % n_tiles) * COLUMN_TILE
+        j1 = min(P, j0 + COLUMN_TILE)
+        width = j1 - j0
+        first = blk * rows_per_block
+        last = min(n_rows, first + rows_per_block)
+        shift = np.empty(width)
+        for j in range(width):  # by 0 where infinite: x - inf would make a mean NaN
+            value = np.float64(load(x, first * P + j0 + j))
+            shift[j] = value if np.isfinite(value) else 0.0
+        m = np.zeros(width)
+        for r in range(first, last):
+            xr = x[r * P + j0:r * P + j1]
+            for j in range(width):
+                m[j] += _deviation(xr, j, shift[j])
+        for j in range(width):
+            m[j] = shift[j] + m[j] / (last - first)
+        q = np.zeros(width)
+        s1 = np.zeros(width)
+        s2 = np.zeros(width)
+        for r in range(first, last):
+            xr, gr = x[r * P + j0:r * P + j1], dy[r * P + j0:r * P + j1]
+            for j in range(width):
+                d = _deviation(xr, j, m[j])
+                a = np.float64(load(gr, j))
+                q[j] += d * d
+                s1[j] += a
+                s2[j] += a * d
+        part_mean[blk, j0:j1] = m
+        part_m2[blk, j0:j1] = q
+        part1[blk, j0:j1] = s1
+        part2[blk, j0:j1] = s2
+
+
+@njit(**KERNEL_OPTIONS)
+def merge_row_group_sums(part_mean, part_m2, part1, part2, rows_per_block, n_rows, group,
+                         count, mean, m2, total1, total2):
+    """Per group of ``group`` consecutive columns: ``(count, mean, M2)`` by Chan's merge
+    over row blocks, then columns, in order; per column: ``sum dy`` and ``sum dy * (x -
+    its group's mean)``, each block's sum moved from the block's column mean to the
+    group's (as :func:`merge_group_sums`)."""
+    n_blocks, P = part1.shape
+    for g in range(P // group):
+        n, mu, q = 0, 0.0, 0.0
+        for blk in range(n_blocks):
+            size = min(rows_per_block, n_rows - blk * rows_per_block)
+            for j in range(g * group, (g + 1) * group):
+                n, mu, q = chan_merge(n, mu, q, size, part_mean[blk, j], part_m2[blk, j])
+        count[g] = n
+        mean[g] = mu
+        m2[g] = q
+        for j in range(g * group, (g + 1) * group):
+            t1 = 0.0
+            t2 = 0.0
+            for blk in range(n_blocks):
+                t1 += part1[blk, j]
+                t2 += part2[blk, j] - (mu - part_mean[blk, j]) * part1[blk, j]
+            total1[j] = t1
+            total2[j] = t2
 
 
 @njit(**KERNEL_OPTIONS)
@@ -174,7 +321,9 @@ def apply_rows(x, dy, dx, P, rows_per_block, m, a, b, k):
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)
 plane_sums_serial = serial_twin(plane_sums, **KERNEL_OPTIONS)
-row_sums_serial = serial_twin(row_sums, **KERNEL_OPTIONS)
+plane_moment_sums_serial = serial_twin(plane_moment_sums, **MOMENTS_OPTIONS)
+row_sums_serial = serial_twin(row_sums, **MOMENTS_OPTIONS)
+row_moment_sums_serial = serial_twin(row_moment_sums, **MOMENTS_OPTIONS)
 apply_planes_serial = serial_twin(apply_planes, **KERNEL_OPTIONS)
 apply_rows_serial = serial_twin(apply_rows, **KERNEL_OPTIONS)
 

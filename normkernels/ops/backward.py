@@ -182,18 +182,6 @@ def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, mean=None, in
                            engine, path)
 
 
-def _merge_groups(count, mean, m2, group):
-    """Per-group ``(count, mean, M2)`` of consecutive runs of ``group`` partials
-    (float64, exact merges of the partials' moments)."""
-    n = count.reshape(-1, group).astype(np.float64)
-    mu = mean.reshape(-1, group)
-    total = n.sum(axis=1)
-    with np.errstate(all="ignore"):
-        gmean = (n * mu).sum(axis=1) / total
-        gm2 = (m2.reshape(-1, group) + n * (mu - gmean[:, None]) ** 2).sum(axis=1)
-    return total, gmean, gm2
-
-
 def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, mean=None,
                                  inv_std=None, data_format="NCX", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization_backward` (GroupNormalization-21:
@@ -243,16 +231,17 @@ def _group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, dat
     dscale, dB = np.zeros(C), np.zeros(C)
     M = Cg * spatial
     for i, (xv, dyv, dxv) in enumerate(views):
-        if given is None:
-            count, mu, m2 = engine.channel_moments(xv, planes, per, path)
-            M, gmean, gm2 = _merge_groups(count, mu, m2, Cg)
+        if given is None:  # one reduction gives the statistics and the sums
+            M, gmean, gm2, sum_dy, sum_dyx = engine.group_grad_sums(xv, dyv, planes, per, Cg,
+                                                                    path)
             with np.errstate(all="ignore"):
                 r = 1.0 / np.sqrt(gm2 / M + eps)
         else:  # the caller's, per (n, group): all samples at once, or sample i
             rows = slice(None) if len(views) == 1 else slice(i, i + 1)
             gmean, r = given[0][rows].ravel(), given[1][rows].ravel()
-        mu = np.repeat(gmean, Cg)  # each plane reduced around its group's mean
-        sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per, mu, path)
+            sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per,
+                                                       np.repeat(gmean, Cg), path)
+        mu = np.repeat(gmean, Cg)  # each plane's sums are around its group's mean
         with np.errstate(all="ignore"):
             g1 = (gamma * sum_dy).reshape(-1, Cg).sum(axis=1)
             g2 = (gamma * sum_dyx).reshape(-1, Cg).sum(axis=1)
