@@ -401,6 +401,12 @@ MUTATIONS = [
              "each block's sums around the block's column mean as if around the group's", [
                  (BWD_K, "t2 += part2[blk, j] - (mu - part_mean[blk, j]) * part1[blk, j]",
                   "t2 += part2[blk, j]")], BACKWARD),
+    mutation("stream-grad-no-k/backward", "the streaming dX vectors leave out K", [
+        ("normkernels/kernels/vectors.py",
+         "        yv = builder.fadd(builder.fadd(builder.fmul(dv, a),\n"
+         "                                       builder.fmul(builder.fsub(xv, m), b)), k)",
+         "        yv = builder.fadd(builder.fmul(dv, a), builder.fmul(builder.fsub(xv, m), b))")],
+             BACKWARD),
     mutation("onednn-momentum-onnx/backward", "oneDNN's BatchNormForwardTraining defaults "
              "to ONNX's momentum 0.9, not the dnnl backend's 0.5", [
                  ("normkernels/ops/onednn_training.py", "MOMENTUM = 0.5", "MOMENTUM = 0.9")],

@@ -269,11 +269,13 @@ GROUP_OPS = ("group", "mvn", "lp", "lrn")
 # backward passes: the reduction over (X, dY) and the dX pass, by planes (NCX) and rows
 CASES.update({
     **{f"grad-planes-{p}": case("grad", (3, 4, 17, 19), "NCX",
-                                [f"grad_sums/planes/{p}", f"grad_apply/planes/{p}"], path=p)
-       for p in ("serial", "parallel")},
+                                [f"grad_sums/planes/{'parallel' if p == 'streaming' else p}",
+                                 f"grad_apply/planes/{p}"], path=p)
+       for p in ("serial", "parallel", "streaming")},
     **{f"grad-rows-{p}": case("grad", (3, 4, 9, 11), "NXC",
-                              [f"grad_sums/rows/{p}", f"grad_apply/rows/{p}"], path=p)
-       for p in ("serial", "parallel")},
+                              [f"grad_sums/rows/{'parallel' if p == 'streaming' else p}",
+                               f"grad_apply/rows/{p}"], path=p)
+       for p in ("serial", "parallel", "streaming")},
 })
 
 DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,

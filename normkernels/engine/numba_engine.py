@@ -17,7 +17,7 @@ from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
-from normkernels.kernels.options import MIN_PLANE
+from normkernels.kernels.options import MIN_PLANE, VECTOR_BYTES
 from normkernels.kernels.storage import (
     FLOAT32,
     FLOAT64,
@@ -338,18 +338,25 @@ class NumbaEngine(Engine):
     def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
         xs, dys = _views(x, dy)
         dxs = storage_view(dx.ravel())
-        path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
+        path = policy.resolve_path(dxs, path)
         with launch_guard(path):
             if S >= backward.GRAD_MIN_PLANE:
                 took("grad_apply", "planes", path)
-                _kernel(backward.apply_planes, backward.apply_planes_serial, path)(
-                    xs, dys, dxs, C, S, m, a, b, k)
+                kernel = (backward.apply_planes_streaming if path == "streaming" else
+                          _kernel(backward.apply_planes, backward.apply_planes_serial, path))
+                kernel(xs, dys, dxs, C, S, m, a, b, k)
             else:
                 took("grad_apply", "rows", path)
                 P = C * S
-                tables = [np.repeat(v, S) for v in (m, a, b, k)]
-                _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
-                    xs, dys, dxs, P, max(1, backward.ROW_BLOCK_ELEMENTS // P), *tables)
+                rows = max(1, backward.ROW_BLOCK_ELEMENTS // P)
+                if path == "streaming":  # tables wrapped by a vector's lanes
+                    lanes = VECTOR_BYTES // dxs.itemsize
+                    tables = [np.resize(np.repeat(v, S), P + lanes) for v in (m, a, b, k)]
+                    backward.apply_rows_streaming(xs, dys, dxs, P, rows, *tables)
+                else:
+                    tables = [np.repeat(v, S) for v in (m, a, b, k)]
+                    _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
+                        xs, dys, dxs, P, rows, *tables)
 
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         M, K = x.shape

@@ -43,7 +43,8 @@ ROUTES = (
     "grad_sums/fused-planes/parallel", "grad_sums/fused-rows/serial",
     "grad_sums/fused-rows/parallel", "grad_sums/rows/serial",
     "grad_sums/rows/parallel", "grad_apply/planes/serial", "grad_apply/planes/parallel",
-    "grad_apply/rows/serial", "grad_apply/rows/parallel",
+    "grad_apply/planes/streaming", "grad_apply/rows/serial", "grad_apply/rows/parallel",
+    "grad_apply/rows/streaming",
     "rows_backward/serial", "rows_backward/parallel",
 )
 _trace = None

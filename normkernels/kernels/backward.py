@@ -26,7 +26,8 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lp import store_rounded
-from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS
+from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS, VECTOR_BYTES
+from normkernels.kernels.scale_shift import _elements_to_alignment
 from normkernels.kernels.statistics import (
     COLUMN_TILE,
     LINE,
@@ -36,7 +37,7 @@ from normkernels.kernels.statistics import (
     chan_merge,
     chunk_moments,
 )
-from normkernels.kernels.vectors import prefetch
+from normkernels.kernels.vectors import prefetch, store_fence, stream_grad, stream_grad_tables
 
 GRAD_MIN_PLANE = 256  # planes at least this long are reduced and written plane by plane
 ROW_BLOCK_ELEMENTS = 1 << 16  # elements per work item of the rows loops (about)
@@ -317,6 +318,66 @@ def apply_rows(x, dy, dx, P, rows_per_block, m, a, b, k):
         for r in range(first, min(n_rows, first + rows_per_block)):
             lo = r * P
             _apply_row(x[lo:lo + P], dy[lo:lo + P], dx[lo:lo + P], m, a, b, k)
+
+
+@njit(**KERNEL_OPTIONS)
+def _stream_run(x, dy, dx, lo, hi, m, a, b, k):
+    """:func:`_apply_run` of ``lo..hi-1`` with streaming stores: a scalar head up to
+    dx's 64-byte alignment, streaming vectors, a scalar tail."""
+    width = VECTOR_BYTES // dx.itemsize
+    head = min(hi - lo, _elements_to_alignment(dx[lo:hi]))
+    body_end = lo + head + (hi - lo - head) // width * width
+    _apply_run(x[lo:lo + head], dy[lo:lo + head], dx[lo:lo + head], m, a, b, k)
+    for i in range(lo + head, body_end, width):
+        stream_grad(x, dy, dx, i, m, a, b, k)
+    _apply_run(x[body_end:hi], dy[body_end:hi], dx[body_end:hi], m, a, b, k)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def apply_planes_streaming(x, dy, dx, C, S, m, a, b, k):
+    """:func:`apply_planes` with streaming stores (dX larger than the caches: its
+    lines are not read before they are written)."""
+    n = x.size
+    for blk in prange((n + APPLY_BLOCK - 1) // APPLY_BLOCK):
+        lo = blk * APPLY_BLOCK
+        hi = min(n, lo + APPLY_BLOCK)
+        while lo < hi:
+            p = lo // S
+            end = min(hi, (p + 1) * S)
+            c = p % C
+            _stream_run(x, dy, dx, lo, end, m[c], a[c], b[c], k[c])
+            lo = end
+        store_fence()
+
+
+@njit(**KERNEL_OPTIONS)
+def _apply_flat(x, dy, dx, lo, hi, P, m, a, b, k):
+    """Elements ``lo..hi-1`` against per-column tables of period ``P``, scalar."""
+    for i in range(lo, hi):
+        j = i % P
+        store(dx, i, load(dy, i) * a[j] + (load(x, i) - m[j]) * b[j] + k[j])
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def apply_rows_streaming(x, dy, dx, P, rows_per_block, m, a, b, k):
+    """:func:`apply_rows` with streaming stores; the tables hold ``P + L`` entries
+    (wrapped), so a vector at any phase reads inside them."""
+    n_rows = x.size // P
+    width = VECTOR_BYTES // dx.itemsize
+    for blk in prange((n_rows + rows_per_block - 1) // rows_per_block):
+        lo = blk * rows_per_block * P
+        hi = min(n_rows, (blk + 1) * rows_per_block) * P
+        head = min(hi - lo, _elements_to_alignment(dx[lo:hi]))
+        body_end = lo + head + (hi - lo - head) // width * width
+        _apply_flat(x, dy, dx, lo, lo + head, P, m, a, b, k)
+        phase = (lo + head) % P
+        for i in range(lo + head, body_end, width):
+            stream_grad_tables(x, dy, dx, i, m, a, b, k, phase)
+            phase += width
+            while phase >= P:
+                phase -= P
+        _apply_flat(x, dy, dx, body_end, hi, P, m, a, b, k)
+        store_fence()
 
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)

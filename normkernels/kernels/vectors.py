@@ -324,6 +324,59 @@ def _row_intrinsic(nontemporal):
     return intrinsic(typer)
 
 
+def _grad_codegen(tables):
+    """``dx[i] = dy[i] * a + (x[i] - m) * b + k`` (one vector each), the backward
+    passes' dX, in the compute dtype and in the order of ``kernels.backward._apply_run``
+    (the same bits): scalar coefficients, or with ``tables`` vectors of them at
+    ``phase``. Stores non-temporally."""
+
+    def codegen(context, builder, sig, args):
+        dxty = sig.args[2]
+        index = context.cast(builder, args[3], sig.args[3], types.intp)
+        lanes, elem, widen, narrow = _storage_codec(dxty.dtype)
+        xv, dv = (_load_vector(builder, _element_ptr(context, builder, sig.args[j], args[j],
+                                                     index), lanes, elem,
+                               sig.args[j].dtype.bitwidth // 8) for j in (0, 1))
+        if widen is not None:
+            xv, dv = widen(builder, xv, lanes), widen(builder, dv, lanes)
+        if tables:
+            phase = context.cast(builder, args[8], sig.args[8], types.intp)
+            m, a, b, k = (_load_vector(builder, _element_ptr(context, builder, sig.args[j],
+                                                             args[j], phase),
+                                       lanes, xv.type.element, sig.args[j].dtype.bitwidth // 8)
+                          for j in (4, 5, 6, 7))
+        else:
+            m, a, b, k = (_broadcast(builder, args[j], lanes) for j in (4, 5, 6, 7))
+        yv = builder.fadd(builder.fadd(builder.fmul(dv, a),
+                                       builder.fmul(builder.fsub(xv, m), b)), k)
+        if narrow is not None:
+            yv = narrow(builder, yv, lanes)
+        _store(context, builder, dxty, args[2], index, yv, True)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+@intrinsic
+def stream_grad(typingctx, x, dy, dx, index, m, a, b, k):
+    if not (_arrays_ok(x, dx, index) and isinstance(dy, types.Array) and dy.dtype == dx.dtype):
+        return None
+    if any(t != _compute_type(dx) for t in (m, a, b, k)):
+        return None
+    return types.void(x, dy, dx, index, m, a, b, k), _grad_codegen(False)
+
+
+@intrinsic
+def stream_grad_tables(typingctx, x, dy, dx, index, m, a, b, k, phase):
+    if not (_arrays_ok(x, dx, index) and isinstance(dy, types.Array) and dy.dtype == dx.dtype
+            and isinstance(phase, types.Integer)):
+        return None
+    if not all(isinstance(t, types.Array) and t.dtype == _compute_type(dx)
+               for t in (m, a, b, k)):
+        return None
+    return types.void(x, dy, dx, index, m, a, b, k, phase), _grad_codegen(True)
+
+
 # ``vector_*`` store ordinarily (any alignment); ``stream_*`` store non-temporally and
 # need ``y[index]`` 64-byte aligned. Signatures:
 #   *_scale_shift(x, y, index, mean, a, b)                   scalar parameters
@@ -337,6 +390,8 @@ stream_scale_shift_tables = _tables_intrinsic(True)
 vector_scale_shift_split = _split_intrinsic(False)
 stream_scale_shift_split = _split_intrinsic(True)
 #   *_normalize_row(x, xi, y, yi, m, a, c, s, b, j)   y[yi] = ((x[xi] - m) * a + c) * s[j] + b[j]
+#   stream_grad(x, dy, dx, i, m, a, b, k)               dx[i] = dy[i] * a + (x[i] - m) * b + k
+#   stream_grad_tables(x, dy, dx, i, m, a, b, k, phase)   the same, tables[phase:phase+L]
 vector_normalize_row = _row_intrinsic(False)
 stream_normalize_row = _row_intrinsic(True)
 
