@@ -24,6 +24,12 @@ def sized(request):
     return tiny if request.config.getoption("--tiny") else (lambda w: w)
 
 
+@pytest.fixture
+def small():
+    """The workload at its tiny shape, with or without --tiny (correctness checks)."""
+    return tiny
+
+
 @pytest.fixture(scope="session")
 def flush():
     return benchmarks.CacheFlusher()

@@ -7,8 +7,15 @@ shared, noisy machine shifts all of them together and the ratios hold:
 
 * ``copy``: a copy of the same bytes (the roofline: Y = X cannot be faster;
   parallel, one thread below 1 MB),
+* ``read``: a parallel read-only sum over X (the roofline of moments, which write no Y),
+* ``add``: for backward passes, which read X and dY and write dX, a parallel ``dX = X +
+  dY`` over the same arrays (their roofline: two arrays read and one written; one
+  thread below 1 MB),
 * ``axpb``: a plain parallel ``y = a * x + b`` loop over the same array,
 * ``numpy``: the NumPy formula a user would write.
+
+GB/s counts the bytes each candidate moves: the operator's (:func:`streams` X-sized
+arrays) for normkernels and the peers, a baseline's own for a baseline.
 """
 
 import functools
@@ -19,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from normkernels.kernels.storage import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
-from normkernels.operators import OPERATORS, YARDSTICK, operator
+from normkernels.operators import BACKWARD, OPERATORS, YARDSTICK, operator
 
 DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64": FLOAT64}
 LAYOUTS = ("NCX", "NXC")
@@ -103,6 +110,28 @@ WORKLOADS = [
     Workload("lpnorm-8192x4096-f32", "lpnorm", (8192, 4096), "float32"),
     Workload("lrn-32x64x56x56-f32", "lrn", (32, 64, 56, 56), "float32", "NCX"),
     Workload("lrn-32x64x56x56-f32-nxc", "lrn", (32, 64, 56, 56), "float32", "NXC"),
+    # backward passes (dX, dscale, dB from dY and X; BN: training, the batch statistics)
+    Workload("backward-resnet-stem-f32-ncx", "batchnorm", STEM, "float32", "NCX", BACKWARD),
+    Workload("backward-resnet-stem-f32-nxc", "batchnorm", STEM, "float32", "NXC", BACKWARD),
+    Workload("backward-resnet-stem-f16-ncx", "batchnorm", STEM, "float16", "NCX", BACKWARD),
+    Workload("backward-resnet-stem-bf16-ncx", "batchnorm", STEM, "bfloat16", "NCX", BACKWARD),
+    Workload("backward-4x8x32x32-f32", "batchnorm", (4, 8, 32, 32), "float32", "NCX", BACKWARD),
+    Workload("backward-instnorm-style-f32-ncx", "instancenorm", (8, 64, 256, 256), "float32",
+             "NCX", BACKWARD),
+    Workload("backward-groupnorm-style-f32-ncx", "groupnorm", (8, 64, 256, 256), "float32",
+             "NCX", BACKWARD),
+    Workload("backward-groupnorm-style-f32-nxc", "groupnorm", (8, 64, 256, 256), "float32",
+             "NXC", BACKWARD),
+    Workload("backward-groupnorm-sd-f32-ncx", "groupnorm", (2, 320, 64, 64), "float32", "NCX",
+             BACKWARD),
+    Workload("backward-layernorm-8192x4096-f32", "layernorm", (8192, 4096), "float32",
+             mode=BACKWARD),
+    Workload("backward-layernorm-16384x768-f32", "layernorm", (16384, 768), "float32",
+             mode=BACKWARD),
+    Workload("backward-layernorm-128x768-f32", "layernorm", (128, 768), "float32",
+             mode=BACKWARD),
+    Workload("backward-rmsnorm-8192x4096-f32", "rmsnorm", (8192, 4096), "float32",
+             mode=BACKWARD),
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -116,8 +145,11 @@ SUITES = {
                 "layernorm-128x768-f32"],
     "quick": ["resnet-stem-f32-ncx", "train-resnet-stem-f32-ncx", "instnorm-512-f32",
               "tiny-f32"],
-    "rows": [w.name for w in WORKLOADS if w.operator.rows],
-    "groups": [w.name for w in WORKLOADS if w.operator.family in ("group", "mvn", "lp", "lrn")],
+    "rows": [w.name for w in WORKLOADS if w.operator.rows and w.mode != BACKWARD],
+    "groups": [w.name for w in WORKLOADS if w.operator.family in ("group", "mvn", "lp", "lrn")
+               and w.mode != BACKWARD],
+    # the backward passes (16-bit BN beside float32: the same GB/s is the aim)
+    "backward": [w.name for w in WORKLOADS if w.mode == BACKWARD],
     "all": [w.name for w in WORKLOADS],
 }
 
@@ -141,11 +173,13 @@ def custom_workload(op="batchnorm", mode="inference", shape=(32, 64, 112, 112),
 
 
 def make_inputs(workload, seed=0):
-    """X and the per-channel parameters of a workload (see ``Operator.params``)."""
+    """X and the per-channel parameters of a workload (see ``Operator.params``; mode
+    backward: dY first, then the backward's parameters)."""
     rng = np.random.default_rng(seed)
     dtype = DTYPES[workload.dtype]
     X = rng.standard_normal(workload.layout_shape, dtype=np.float32).astype(dtype)
-    return X, workload.operator.params(rng, workload.channels, dtype, workload.layout_shape)
+    return X, workload.operator.params(rng, workload.channels, dtype, workload.layout_shape,
+                                       workload.mode, X, workload.channel_axis)
 
 
 def normkernels_call(workload, X, params, out, mode=None):
@@ -165,7 +199,7 @@ def inference_call(workload, X, params, out):
 
 def numpy_call(workload, X, params, dtype=None):
     """What a NumPy user would write, in X's dtype (or ``dtype``): the operator's
-    formula. Returns a callable giving Y, or (mean, var) for moments."""
+    formula. Returns a callable giving Y, (mean, var) for moments, dX for backward."""
     dtype = X.dtype if dtype is None else np.dtype(dtype)
     op = workload.operator
 
@@ -174,6 +208,36 @@ def numpy_call(workload, X, params, dtype=None):
             return op.formula(X, params, workload.mode, workload.channel_axis, dtype)
 
     return quiet
+
+
+# X-sized arrays a baseline moves per call (BN inference, the yardstick: X and Y)
+BASELINE_STREAMS = {"copy": 2, "axpb": 2, "read": 1, "add": 3, "inference": 2}
+ROOFLINES = {1: "read", 2: "copy", 3: "add"}  # by the operator's streams
+
+
+def streams(workload):
+    """X-sized arrays one call of the workload moves: 1 for moments (X read), 3 for a
+    backward pass (X and dY read, dX written), else 2 (X read, Y written)."""
+    if workload.operator.reads_only:
+        return 1
+    return 3 if workload.mode == BACKWARD else 2
+
+
+def roofline(workload):
+    """The baseline that bounds the workload: a parallel read (moments), copy (X to
+    Y) or add (dX = X + dY: backward), of the same arrays."""
+    return ROOFLINES[streams(workload)]
+
+
+def moved_bytes(workload, X, candidate="normkernels"):
+    """Bytes a candidate moves per call: a baseline's own streams, else the
+    workload's (normkernels and the peers compute the same thing)."""
+    return BASELINE_STREAMS.get(candidate, streams(workload)) * X.nbytes
+
+
+def gbps(workload, X, seconds):
+    """{candidate: GB/s} from {candidate: seconds}, each by :func:`moved_bytes`."""
+    return {k: moved_bytes(workload, X, k) / v / 1e9 for k, v in seconds.items()}
 
 
 def _roofline_kernels():
@@ -189,6 +253,14 @@ def _roofline_kernels():
             y[lo:hi] = x[lo:hi]
 
     @njit(parallel=True, cache=True)
+    def parallel_add(x, z, y):
+        n = x.size
+        chunks = 64
+        for k in prange(chunks):
+            for i in range(k * n // chunks, (k + 1) * n // chunks):
+                y[i] = x[i] + z[i]
+
+    @njit(parallel=True, cache=True)
     def parallel_axpb(x, y, a, b):
         for i in prange(x.size):
             y[i] = x[i] * a + b
@@ -200,28 +272,37 @@ def _roofline_kernels():
             total += x[i]
         return total
 
-    return parallel_copy, parallel_axpb, parallel_read
+    return parallel_copy, parallel_axpb, parallel_read, parallel_add
 
 
-def baseline_calls(X, out):
+def baseline_calls(X, out, other=None):
     """Roofline baselines over X's storage: copy (parallel; one thread below
     ``SERIAL_COPY_BYTES``), parallel a*x+b (on the bits for 16-bit dtypes, with
-    ordinary stores) and a parallel read-only sum."""
+    ordinary stores), a parallel read-only sum, and with ``other`` (an array of X's
+    shape and dtype: a backward pass's dY) ``add``: out = X + other (parallel; one
+    thread below ``SERIAL_COPY_BYTES`` of X; on the bits for 16-bit dtypes)."""
     from normkernels.kernels.storage import storage_view
 
-    parallel_copy, parallel_axpb, parallel_read = _roofline_kernels()
+    parallel_copy, parallel_axpb, parallel_read, parallel_add = _roofline_kernels()
     x = storage_view(X.reshape(-1))
     y = storage_view(out.reshape(-1))
+    z = None if other is None else storage_view(np.ascontiguousarray(other).reshape(-1))
     if X.dtype.itemsize == 2:  # a*x+b on the bits: same bytes and loop shape
         x, y = x.view(np.uint16), y.view(np.uint16)
+        z = None if z is None else z.view(np.uint16)
         a, b = np.uint16(3), np.uint16(1)
     else:
         a, b = X.dtype.type(1.5), X.dtype.type(0.25)
     copy = lambda: parallel_copy(x, y)  # noqa: E731
+    add = lambda: parallel_add(x, z, y)  # noqa: E731
     if x.nbytes < SERIAL_COPY_BYTES:  # a parallel launch would cost more than the copy
         copy = lambda: np.copyto(y, x)  # noqa: E731
-    return {"copy": copy, "axpb": lambda: parallel_axpb(x, y, a, b),
-            "read": lambda: parallel_read(x)}
+        add = lambda: np.add(x, z, out=y)  # noqa: E731
+    calls = {"copy": copy, "axpb": lambda: parallel_axpb(x, y, a, b),
+             "read": lambda: parallel_read(x)}
+    if z is not None:
+        calls["add"] = add
+    return calls
 
 
 # Below this many bytes the copy baseline is NumPy's one-thread copy: a parallel
@@ -330,19 +411,20 @@ def timed_medians(calls, cache, repeat, warmup=1, budget_seconds=None):
     raise ValueError(f"cache must be warm or cold, got {cache!r}")
 
 
-def comparison_calls(workload, X, params, peers, threads, baselines=("copy", "read", "axpb"),
-                     yardstick=True):
+def comparison_calls(workload, X, params, peers, threads,
+                     baselines=("copy", "read", "axpb", "add"), yardstick=True):
     """What normkernels is timed beside, as {name: call}, and {peer: reason} for the
     peers that cannot run: the ``baselines`` asked for (no ``axpb`` for operators
-    without Y), BN inference for the ``over_inference`` modes (with ``yardstick``),
-    and the ``peers``."""
+    without Y, ``add`` for backward passes only, on X and dY), BN inference for the
+    ``over_inference`` modes (with ``yardstick``), and the ``peers``."""
     from normkernels.peers import PEERS, Unavailable
 
     calls = {}
     if baselines:
-        available = baseline_calls(X, np.empty_like(X))
+        dY = params[0] if workload.mode == BACKWARD else None
+        available = baseline_calls(X, np.empty_like(X), dY)
         for name in baselines:
-            if not (name == "axpb" and workload.operator.reads_only):
+            if name in available and not (name == "axpb" and workload.operator.reads_only):
                 calls[name] = available[name]
     inference = inference_call(workload, X, params, np.empty_like(X)) if yardstick else None
     if inference is not None:
@@ -361,11 +443,15 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     """Time one workload beside the roofline baselines and the peers; returns a dict.
 
     Baselines: ``copy`` (a parallel copy of the bytes of X into Y), ``read`` (a parallel
-    read-only sum over X) and ``axpb`` (a plain parallel ``y = a*x + b``); the roofline
-    is ``copy`` for operators that write Y and ``read`` for moments. Training and
-    instance normalization are also timed against BN inference on the same tensor
-    (``over_inference``). Peers (see :mod:`normkernels.peers`) that cannot run are
-    listed in ``skipped`` with the reason; every peer's Y is checked against
+    read-only sum over X), ``axpb`` (a plain parallel ``y = a*x + b``) and for backward
+    passes ``add`` (a parallel ``dX = X + dY``); the roofline (:func:`roofline`) is
+    ``copy`` for operators that write Y, ``read`` for moments and ``add`` for backward
+    passes (X and dY read, dX written). ``bytes`` is what the operator moves
+    (:func:`streams` times X's bytes) and ``gbps`` each candidate's bytes per second
+    (:func:`moved_bytes`). The ``over_inference`` modes (training, instance
+    normalization, backward passes) are also timed against BN inference on the same
+    tensor. Peers (see :mod:`normkernels.peers`) that cannot run are listed in
+    ``skipped`` with the reason; every peer's Y (dX for backward) is checked against
     normkernels' (``agreement``: max relative difference) and normkernels' against
     the formula in float64 (``max_rel_err``). ``cache``: warm, cold or None (by size,
     see :func:`cache_state`); the result's ``cache`` says which.
@@ -379,8 +465,7 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     t0 = time.perf_counter()
     result_nk = nk()
     first_call = time.perf_counter() - t0
-    reads_only = workload.operator.reads_only
-    roofline = "read" if reads_only else "copy"
+    limit = roofline(workload)
     others, skipped = comparison_calls(workload, X, params, peers, threads)
     calls = {"normkernels": nk, **others}
     cache = cache_state(cache, X.nbytes)
@@ -388,7 +473,7 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     small = cache == "warm" and X.nbytes < SMALL_WORKLOAD_BYTES
     medians = timed_medians(calls, cache, repeat * (50 if small else 1), warmup,
                             budget_seconds=budget_seconds)
-    nbytes = (1 if reads_only else 2) * X.nbytes
+    nbytes = moved_bytes(workload, X)
     nk_time = medians["normkernels"]
     result = {
         "workload": workload.name, "op": workload.op, "mode": workload.mode,
@@ -396,9 +481,9 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
         "dtype": workload.dtype, "data_format": workload.data_format, "bytes": nbytes,
         "threads": threads, "cache": cache, "first_call_s": first_call,
         "seconds": medians,
-        "gbps": {k: nbytes / v / 1e9 for k, v in medians.items()},
-        "roofline": roofline,
-        "pct_of_roofline": 100.0 * medians[roofline] / nk_time,
+        "gbps": gbps(workload, X, medians),
+        "roofline": limit,
+        "pct_of_roofline": 100.0 * medians[limit] / nk_time,
         "pct_of_copy": 100.0 * medians["copy"] / nk_time,
         "pct_of_read": 100.0 * medians["read"] / nk_time,
         "ratios": {name: medians[name] / nk_time for name in peers if name in medians},
@@ -423,7 +508,7 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
 
 def agreement(workload, theirs, ours):
     """Max relative difference of a peer's result from normkernels' (``ours``, what
-    its call returned): Y, or mean and variance for moments."""
+    its call returned): Y (dX for backward), or mean and variance for moments."""
     if isinstance(ours, tuple) and not workload.operator.reads_only:
         ours = ours[0]
     return _error(workload, theirs, ours)

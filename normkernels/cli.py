@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from normkernels import sweep
+from normkernels import benchmarks, sweep
 from normkernels.operators import OPERATORS, YARDSTICK
 
 
@@ -63,11 +63,12 @@ def result_rows(results, peers):
 LEGEND = (
     "cache: warm (each timed call right after an untimed call of itself) or cold (after "
     "256 MB of scratch memory was written); ms: median time of normkernels (out= "
-    "given); GB/s: bytes of X read + Y written (X only for moments) per second; limit: "
-    "a copy of the same bytes (parallel; one thread below 1 MB; read: a parallel "
-    "read-only sum), measured in "
+    "given); GB/s: bytes of X read + Y written (X only for moments; X and dY read + dX "
+    "written for backward) per second; limit: a copy of the same bytes (parallel; one "
+    "thread below 1 MB; read: a parallel read-only sum; add: a parallel dX = X + dY, "
+    "two arrays read and one written), measured in "
     "the same run; / BN inf: time over BN inference on the same tensor; <peer> /nk: the "
-    "peer's time over normkernels' (higher is slower), '!' when its Y differs from "
+    "peer's time over normkernels' (higher is slower), '!' when its Y (dX) differs from "
     "normkernels' by more than its dtype can hold; nk err: max relative error against "
     "the formula in float64; 1st call: compile or load from the disk cache.")
 
@@ -97,9 +98,9 @@ def _plot(results, peers, path):
         ax.bar(x + k * width, [r["gbps"].get(name, 0.0) for r in results], width, label=name)
     limits = [r["gbps"][r["roofline"]] for r in results]
     ax.hlines(limits, x - width / 2, x + 0.8 - width / 2, colors="black",
-              label="bandwidth limit (copy / read)")
+              label="bandwidth limit (copy / read / add)")
     ax.set_xticks(x + 0.4 - width / 2, names, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("GB/s (X read + Y written)")
+    ax.set_ylabel("GB/s (X read + Y written; backward: X, dY read + dX written)")
     ax.set_title(f"normkernels bench, {results[0]['threads']} threads")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
@@ -124,7 +125,7 @@ def _workloads(args, benchmarks):
 def cmd_bench(args):
     import numba
 
-    from normkernels import benchmarks, model_timing
+    from normkernels import model_timing
 
     if args.list:
         for suite, names in benchmarks.SUITES.items():
@@ -297,7 +298,8 @@ def warmup_calls():
                     shape = (shape[0] * threads, *shape[1:])
                 ncx = np.zeros(shape, dtype)
                 X = np.moveaxis(ncx, 1, -1).copy() if case.data_format == "NXC" else ncx
-                params = op.params(rng, op.columns(shape), dtype, shape)
+                axis = X.ndim - 1 if case.data_format == "NXC" and X.ndim > 2 else 1
+                params = op.params(rng, op.columns(shape), dtype, X.shape, case.mode, X, axis)
                 for path in case.paths:
                     calls.append((name, op, case, path, functools.partial(
                         op.call, X, params, case.mode, case.data_format, None, None, path)))
@@ -328,7 +330,7 @@ def main(argv=None):
     bench = sub.add_parser("bench", help="time the operators against the machine's "
                            "bandwidth and the peers installed (default: the default suite)")
     bench.add_argument("--workload", action="append", help="a workload name (repeatable)")
-    bench.add_argument("--suite", choices=["default", "quick", "rows", "groups", "all"],
+    bench.add_argument("--suite", choices=list(benchmarks.SUITES),
                        help="a set of workloads (default: default)")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")
@@ -338,7 +340,8 @@ def main(argv=None):
                             + ")")
     bench.add_argument("--mode", choices=sorted({m for op in OPERATORS.values()
                                                  for m in op.modes}),
-                       help="inference (default) or training (for the operators that have it)")
+                       help="inference (default), or training or backward (the gradient: dX, "
+                            "dscale, dB) for the operators that have them")
     bench.add_argument("--shape", help="N,C,spatial... (e.g. 32,64,112,112)")
     bench.add_argument("--dtype", help="float32 (default), float16, bfloat16, float64")
     bench.add_argument("--layout", help="NCX (default) or NXC")

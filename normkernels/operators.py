@@ -6,7 +6,10 @@ warmup`` and ``coldstart``, :mod:`normkernels.onnx` (``run_node``, the evaluator
 OpRun classes), :mod:`normkernels.dask` and the benchmark cases in ``bench/`` iterate
 :data:`OPERATORS`; none of them names an operator. Adding an operator is a spec
 module in ``normkernels/ops/``, its public function in ``api.py``, kernels if it
-needs new loops, and one record here (see CONTRIBUTING.md).
+needs new loops, and one record here (see CONTRIBUTING.md). A record's backward pass
+(mode "backward": workloads, the float64 check of dX, the torch peer, warmup and
+coldstart) is its ``backward`` field, the public gradient function, plus
+``mode_kwargs["backward"]``.
 
 Importing this module imports neither Numba nor the operators' spec modules.
 """
@@ -24,6 +27,7 @@ EPSILON = 1e-5  # the attributes every workload runs with (ONNX's defaults)
 GROUPS = 32  # group normalizations: the groups of every workload (fewer when C is not a multiple)
 LRN_SIZE = 5
 MOMENTUM = 0.9  # ONNX convention: weighs the old running value (PyTorch's is 1 - this)
+BACKWARD = "backward"  # the mode that runs a record's backward function (and its spec module)
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,15 @@ class Operator:
     across channels, no parameters); "mvn" (NCX only, statistics over axes 0, 2, 3, no
     parameters); or a row normalization over X's last axis, "layer" (centred), "rms"
     (parameters per column; ``skip``: onnxruntime's skip add first, its first
-    parameter is then ``skip``, of X's shape) or "lp" (no parameters)."""
+    parameter is then ``skip``, of X's shape) or "lp" (no parameters).
+
+    ``backward`` names the public gradient function of the operator; a record that has
+    one gets the mode "backward" (appended to ``modes``), whose calls are ``backward(dY,
+    X, scale[, mean, var], **mode_kwargs["backward"], out=dX)``: dY of X's shape and
+    layout, the forward's first parameter, and for batch normalization (the records
+    whose forward takes mean and var) X's batch mean and population variance. Its
+    formula is dX (specs/backward-passes.md section 1), its workloads move three
+    X-sized arrays (X and dY read, dX written) and no ONNX peer has it."""
 
     name: str  # the bench's and the CLI's key
     title: str
@@ -91,6 +103,17 @@ class Operator:
     over_inference: tuple = ()  # modes the bench also times against BN inference
     warmup: tuple = ()
     groups: tuple = None  # ("num_groups" or "groups", GROUPS): the group attribute
+    backward: str = None  # the public backward function: mode "backward" calls it
+
+    def __post_init__(self):
+        if self.backward is not None and BACKWARD not in self.modes:
+            object.__setattr__(self, "modes", (*self.modes, BACKWARD))
+
+    @property
+    def batch_statistics(self):
+        """Does the backward take X's batch mean and variance (batch normalization:
+        the forward takes mean and var as parameters)?"""
+        return self.n_params == 4 and not self.rows
 
     @property
     def rows(self):
@@ -113,15 +136,28 @@ class Operator:
             return shape[-1]
         return shape[1] if len(shape) > 1 else 1
 
-    def params(self, rng, C, dtype, shape=None):
+    def params(self, rng, C, dtype, shape=None, mode="inference", X=None, axis=1):
         """The parameters of a workload (``C``: :meth:`columns`; ``shape``: X's, for a
-        skip input): float32 (bfloat16 for oneDNN ops on bfloat16 X), X's dtype for
-        operators whose parameters share X's type."""
+        skip input and dY): float32 (bfloat16 for oneDNN ops on bfloat16 X), X's dtype
+        for operators whose parameters share X's type.
+
+        Mode "backward": what follows X in the backward call, dY first (of ``shape``, in
+        X's dtype, the way ``skip`` comes first), then scale, and with
+        :attr:`batch_statistics` the batch mean and population variance of ``X`` (over
+        every axis but the channel ``axis``) in the parameters' dtype."""
         pdt = FLOAT32 if self.param_dtype == "float32" else dtype
         if self.name == "batchnorm-inference" or (self.param_dtype and dtype == BFLOAT16):
             pdt = BFLOAT16 if dtype == BFLOAT16 else FLOAT32
         values = (rng.uniform(0.5, 2.0, C), rng.standard_normal(C), rng.standard_normal(C),
                   rng.uniform(0.5, 2.0, C))
+        if mode == BACKWARD:
+            dY = rng.standard_normal(shape).astype(dtype)
+            if not self.batch_statistics:
+                return dY, values[0].astype(pdt)
+            x = np.asarray(X, np.float64)
+            reduced = tuple(i for i in range(x.ndim) if i != axis)
+            return (dY, values[0].astype(pdt), x.mean(axis=reduced).astype(pdt),
+                    x.var(axis=reduced).astype(pdt))
         params = tuple(v.astype(pdt) for v in values[:self.n_params])
         if self.skip:
             params = (rng.standard_normal(shape).astype(dtype), *params)
@@ -142,37 +178,56 @@ class Operator:
             return 1
         return X.shape[1] if data_format == "NCX" else X.shape[-1]
 
+    def target(self, mode):
+        """``(function, spec module)`` a call in ``mode`` runs."""
+        if mode != BACKWARD:
+            return self.function, self.spec
+        if self.backward is None:
+            raise ValueError(f"{self.name} has no mode {BACKWARD!r} (its modes: "
+                             f"{', '.join(self.modes)})")
+        return self.backward, BACKWARD
+
+    @staticmethod
+    def arguments(X, params, mode):
+        """The positional arguments: ``(X, *params)``; backward ``(dY, X, *rest)``."""
+        return (params[0], X, *params[1:]) if mode == BACKWARD else (X, *params)
+
     def bound(self, X, params, mode="inference", data_format="NCX", out=None):
         """A zero-argument call of the public function (arguments bound once: the
         bench times this, so it adds nothing but the call itself)."""
         import normkernels
 
-        fn = getattr(normkernels, self.function)
+        fn = getattr(normkernels, self.target(mode)[0])
+        args = self.arguments(X, params, mode)
         kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
         if not self.reads_only:
             kwargs["out"] = out
-        return lambda: fn(X, *params, **kwargs)
+        return lambda: fn(*args, **kwargs)
 
     def call(self, X, params, mode="inference", data_format="NCX", out=None, engine=None,
              path=None):
         """Run the operator: the public function, or with ``engine`` (and ``path``)
         its spec layer on that engine (the Numba engine when only ``path`` is given)."""
+        function, module = self.target(mode)
+        args = self.arguments(X, params, mode)
         kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
         if not self.reads_only:
             kwargs["out"] = out
         if engine is None and path is None:
             import normkernels
 
-            return getattr(normkernels, self.function)(X, *params, **kwargs)
+            return getattr(normkernels, function)(*args, **kwargs)
         if engine is None:
             from normkernels.engine.numba_engine import ENGINE as engine
-        spec = importlib.import_module(f"normkernels.ops.{self.spec}")
-        return getattr(spec, self.function)(X, *params, engine=engine, path=path, **kwargs)
+        spec = importlib.import_module(f"normkernels.ops.{module}")
+        return getattr(spec, function)(*args, engine=engine, path=path, **kwargs)
 
     def formula(self, X, params, mode, axis, dtype):
         """What a NumPy user would write, in ``dtype``: Y (mean and variance for
-        moments); parameters broadcast along the channel ``axis`` (row
-        normalizations: over the last axis, parameters per column)."""
+        moments; dX for mode "backward"); parameters broadcast along the channel
+        ``axis`` (row normalizations: over the last axis, parameters per column)."""
+        if mode == BACKWARD:
+            return self._backward_formula(X, params, axis, dtype)
         if self.rows:
             return self._row_formula(X, params, dtype)
         if self.family in ("group", "lrn", "mvn"):
@@ -236,17 +291,64 @@ class Operator:
         y = (x - mean) / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * p[0]
         return y + p[1] if len(p) > 1 else y
 
+    def _backward_formula(self, X, params, axis, dtype):
+        """dX = r * (g - <g> - x_hat * <g * x_hat>), g = dY * scale, <.> the mean over
+        each statistic group, r and x_hat from its mean and population variance (RMS:
+        no centring, dX = r * (g - x_hat * <g * x_hat>)); batch normalization takes
+        the given mean and var (params[2:]), the others recompute them from X."""
+        x = X if dtype == X.dtype else X.astype(dtype)
+        dy, gamma, *stats = [v if v.dtype == dtype else v.astype(dtype) for v in params]
+        eps = dtype.type(EPSILON)
+        if self.rows:  # statistic group: a row; scale per column
+            return self._gradient(x, dy * gamma, (-1,), eps, self.family == "layer")
+        x, dy = np.moveaxis(x, axis, 1), np.moveaxis(dy, axis, 1)  # NCX from here
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        g = dy * gamma.reshape(shape)
+        if self.family == "group":  # (n, group): its channels and spatial positions
+            grouped = (x.shape[0], self.group_count(x.shape[1]), -1)
+            dx = self._gradient(x.reshape(grouped), g.reshape(grouped), (-1,), eps)
+            dx = dx.reshape(x.shape)
+        elif self.batch_statistics:  # channel c, over N and spatial: the given statistics
+            reduced = (0, *range(2, x.ndim))
+            mean, var = (v.reshape(shape) for v in stats)
+            dx = self._gradient(x, g, reduced, eps, stats=(mean, var))
+        else:  # instance normalization: (n, c), over the spatial axes
+            dx = self._gradient(x, g, tuple(range(2, x.ndim)), eps)
+        return np.moveaxis(dx, 1, axis)
+
+    @staticmethod
+    def _gradient(x, g, axes, eps, centered=True, stats=None):
+        """dX of one normalization given g = dY * gamma, its groups reduced over ``axes``
+        (``stats``: their (mean, var), else computed from x)."""
+        if stats is not None:
+            mean, var = stats
+        elif centered:
+            mean, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+        else:
+            mean, var = 0, (x * x).mean(axis=axes, keepdims=True)
+        r = 1 / np.sqrt(var + eps)
+        x_hat = (x - mean) * r
+        dx = g - x_hat * (g * x_hat).mean(axis=axes, keepdims=True)
+        if centered:
+            dx -= g.mean(axis=axes, keepdims=True)
+        return r * dx
+
     def coldstart_call(self, mode):
-        """Source of a first call, for ``normkernels coldstart`` (X, p defined)."""
+        """Source of a first call, for ``normkernels coldstart`` (X, p defined; the
+        backward's dY is X, its mean and var p)."""
         p = "np.ones(X.shape[-1], 'float32')" if self.rows else "p"  # per column
-        args = ", ".join(["X", *["X"] * self.skip, *[p] * self.n_params])
+        if mode == BACKWARD:
+            count = 3 if self.batch_statistics else 1
+            args = ", ".join(["X", "X", *[p] * count])
+        else:
+            args = ", ".join(["X", *["X"] * self.skip, *[p] * self.n_params])
         kwargs = dict(self.mode_kwargs.get(mode, {}))
         if self.groups is not None:
             kwargs[self.groups[0]] = GROUPS
         if self.name in ("batchnorm-inference", "groupnorm-onednn"):  # oneDNN: NXC default
             kwargs["data_format"] = "NCX"
         extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
-        return f"nk.{self.function}({args}{extra})"
+        return f"nk.{self.target(mode)[0]}({args}{extra})"
 
 
 _SCALE_SHIFT_WARMUP = (WarmupCase("planes", (2, 3, 64)), WarmupCase("periodic", (2, 3, 4)))
@@ -255,21 +357,32 @@ _STATISTICS_WARMUP = (
     WarmupCase("statistics: rows", (2, 3, 4, 4), "NXC", "training", ("serial", "parallel")))
 
 _ROWS_EPSILON = {"inference": {"epsilon": EPSILON}}
+_ROWS_WITH_BACKWARD = {"inference": {"epsilon": EPSILON}, "backward": {"epsilon": EPSILON}}
 # every row kernel: fused rows on each path, and the split path (one long row) of both
 # statistics (the other row operators run these same kernels)
 _ROWS_WARMUP = (WarmupCase("rows", (64, 100)),
                 WarmupCase("split rows", (1, 70001), paths=("parallel", "streaming")))
+# the backward kernels: the reduction and the dX pass (streaming stores too) by planes
+# (NCX, planes of at least 256) and by rows (NXC), for batch normalization and for
+# instance normalization (whose kernels group normalization runs); RMS normalization
+# runs layernorm's
+_CHANNEL_BACKWARD_WARMUP = (WarmupCase("backward: planes", (2, 3, 256), "NCX", "backward"),
+                            WarmupCase("backward: rows", (2, 3, 4, 4), "NXC", "backward"))
+_ROWS_BACKWARD_WARMUP = (WarmupCase("backward: rows", (64, 100), mode="backward",
+                                    paths=("serial", "parallel")),)
 
 OPERATORS = {op.name: op for op in [
     Operator("batchnorm", "ONNX BatchNormalization", "batch_normalization",
              "batch_normalization", modes=("inference", "training"),
              onnx=Onnx("BatchNormalization", (1, 6, 7, 9, 14, 15), ("X", "scale", "B",
                        "input_mean", "input_var"), "op_batch_normalization"),
-             torch="batch_norm", over_inference=("training",),
+             torch="batch_norm", over_inference=("training", "backward"),
              mode_kwargs={"inference": {"epsilon": EPSILON},
                           "training": {"epsilon": EPSILON, "momentum": MOMENTUM,
-                                       "training_mode": 1}},
-             warmup=(*_SCALE_SHIFT_WARMUP, *_STATISTICS_WARMUP)),
+                                       "training_mode": 1},
+                          "backward": {"epsilon": EPSILON, "training": True}},
+             warmup=(*_SCALE_SHIFT_WARMUP, *_STATISTICS_WARMUP, *_CHANNEL_BACKWARD_WARMUP),
+             backward="batch_normalization_backward"),
     Operator("batchnorm-inference", "oneDNN Graph BatchNormInference-1",
              "batch_norm_inference", "batch_norm_inference",
              dtypes=("float16", "bfloat16", "float32"),
@@ -282,24 +395,29 @@ OPERATORS = {op.name: op for op in [
              onnx=Onnx("InstanceNormalization", (1, 6, 22), ("input", "scale", "B"),
                        "op_instance_normalization"),
              torch="instance_norm", over_inference=("inference",),
-             mode_kwargs={"inference": {"epsilon": EPSILON}},
+             mode_kwargs={"inference": {"epsilon": EPSILON}, "backward": {"epsilon": EPSILON}},
+             backward="instance_normalization_backward",
              warmup=(WarmupCase("fused planes", (1, 2, 1024), per_thread=True),
                      WarmupCase("fused short planes", (2, 3, 5, 5), paths=("serial",
                                                                            "parallel")),
                      WarmupCase("split planes", (2, 3, 64), paths=("parallel",)),
-                     WarmupCase("rows", (2, 4, 4, 3), "NXC", paths=("serial", "parallel")))),
+                     WarmupCase("rows", (2, 4, 4, 3), "NXC", paths=("serial", "parallel")),
+                     *_CHANNEL_BACKWARD_WARMUP)),
     Operator("moments", "Per-channel moments", "moments", "moments", n_params=0,
              reads_only=True),  # its kernels are warmed by batchnorm training
     Operator("layernorm", "ONNX LayerNormalization", "layer_normalization",
              "layer_normalization", n_params=2, family="layer",
              onnx=Onnx("LayerNormalization", (17,), ("X", "Scale", "B"),
                        "op_layer_normalization", required=2, counts_outputs=True),
-             torch="layer_norm", mode_kwargs=_ROWS_EPSILON, warmup=_ROWS_WARMUP),
+             torch="layer_norm", mode_kwargs=_ROWS_WITH_BACKWARD,
+             warmup=(*_ROWS_WARMUP, *_ROWS_BACKWARD_WARMUP),
+             backward="layer_normalization_backward"),
     Operator("rmsnorm", "ONNX RMSNormalization", "rms_normalization", "rms_normalization",
              n_params=1, family="rms",
              onnx=Onnx("RMSNormalization", (23,), ("X", "scale"), "op_rms_normalization"),
-             torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
-             warmup=(WarmupCase("split rows", (1, 70001), paths=("parallel",)),)),
+             torch="rms_norm", mode_kwargs=_ROWS_WITH_BACKWARD,
+             warmup=(WarmupCase("split rows", (1, 70001), paths=("parallel",)),),
+             backward="rms_normalization_backward"),
     Operator("simplified-layernorm", "onnxruntime SimplifiedLayerNormalization",
              "simplified_layer_normalization", "rms_normalization", n_params=1, family="rms",
              onnx=Onnx("SimplifiedLayerNormalization", (1,), ("X", "scale"), None,
@@ -337,8 +455,9 @@ OPERATORS = {op.name: op for op in [
              "group_normalization", n_params=2, family="group",
              groups=("num_groups", GROUPS),
              onnx=Onnx("GroupNormalization", (18, 21), ("X", "scale", "bias"), None),
-             torch="group_norm", over_inference=("inference",),
-             mode_kwargs={"inference": {"epsilon": EPSILON}}),  # instancenorm's kernels
+             torch="group_norm", over_inference=("inference", "backward"),
+             mode_kwargs={"inference": {"epsilon": EPSILON}, "backward": {"epsilon": EPSILON}},
+             backward="group_normalization_backward"),  # instancenorm's kernels
     Operator("groupnorm-onednn", "oneDNN Graph GroupNorm-1", "group_norm",
              "group_normalization", n_params=2, family="group", groups=("groups", GROUPS),
              dtypes=("float16", "bfloat16", "float32"), param_dtype="float32",

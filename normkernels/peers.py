@@ -1,8 +1,8 @@
 """The peers ``normkernels bench`` compares with, each used only when installed.
 
-A peer turns a workload into a zero-argument callable returning Y (in the workload's
-layout, so it can be checked against normkernels' Y), or raises :class:`Unavailable`
-with the reason, which the bench prints. Peers:
+A peer turns a workload into a zero-argument callable returning Y (dX for a backward
+workload; in the workload's layout, so it can be checked against normkernels'), or
+raises :class:`Unavailable` with the reason, which the bench prints. Peers:
 
 * ``numpy``: the NumPy formula a user would write (always there).
 * ``onnx-ref``: ``onnx.reference.ReferenceEvaluator`` on a one-node model.
@@ -11,22 +11,31 @@ with the reason, which the bench prints. Peers:
   otherwise slow down whatever runs next in the process, other candidates included).
 * ``torch``: ``torch.nn.functional.batch_norm`` / ``instance_norm`` / ``layer_norm`` /
   ``rms_norm`` / ``group_norm`` / ``local_response_norm`` / ``normalize``; channels-last
-  workloads run on a channels_last tensor (no copy), as a PyTorch user would.
+  workloads run on a channels_last tensor (no copy), as a PyTorch user would. Backward
+  workloads: the ATen backward ops PyTorch's autograd runs, with the forward's saved
+  statistics computed before the timed call (see :func:`_torch_backward`).
 * ``openvino``: the one-node model compiled for CPU with f32 inference precision (its
   default on this CPU is bf16). Importing openvino before Numba's first parallel call
   switches Numba to OpenVINO's bundled TBB, so the bench launches a Numba kernel first.
 
 ONNX models take NCHW: for channels-last workloads those peers get an NCHW copy made
-once, outside the timing, and their Y is moved back for the check.
+once, outside the timing, and their Y is moved back for the check. There is no ONNX
+operator for a backward pass, so onnx-ref, onnxruntime and openvino skip those.
 """
 
 import numpy as np
 
-from normkernels.operators import EPSILON, MOMENTUM
+from normkernels.operators import BACKWARD, EPSILON, MOMENTUM
 
 
 class Unavailable(Exception):
     """A peer cannot run this workload (not installed, dtype or op unsupported)."""
+
+
+def _no_backward(workload, peer):
+    """Unavailable for a backward workload: the peers running ONNX models."""
+    if workload.mode == BACKWARD:
+        raise Unavailable(f"{peer}: no ONNX operator for a backward pass")
 
 
 def _reason(peer, exc):
@@ -73,6 +82,7 @@ def _onnx_model(workload, X, params):
     binding = workload.operator.onnx
     if binding is None:
         raise Unavailable(f"no ONNX operator for {workload.op}")
+    _no_backward(workload, "onnx")
     x = np.ascontiguousarray(_ncx(workload, X))
     inputs = dict(zip(binding.inputs, [x, *params], strict=True))
     training = workload.mode == "training"
@@ -96,6 +106,7 @@ def _onnx_model(workload, X, params):
 
 
 def onnx_reference_peer(workload, X, params, threads):
+    _no_backward(workload, "onnx-ref")
     model, inputs = _onnx_model(workload, X, params)
     from onnx.reference import ReferenceEvaluator
 
@@ -109,6 +120,7 @@ def onnx_reference_peer(workload, X, params, threads):
 
 
 def onnxruntime_peer(workload, X, params, threads):
+    _no_backward(workload, "onnxruntime")
     try:
         import onnxruntime as ort
     except ImportError:
@@ -150,10 +162,15 @@ def torch_peer(workload, X, params, threads):
     if op.torch is None:
         raise Unavailable("no torch counterpart")
     x = _to_torch(torch, X)
-    if workload.data_format == "NXC" and X.ndim > 2:
+    channels_last = workload.data_format == "NXC" and X.ndim > 2
+    if channels_last:
         x = x.movedim(-1, 1)  # NCHW logically, channels_last in memory: no copy
     p = [_to_torch(torch, np.asarray(v)) for v in params]
-    if op.rows:
+    if workload.mode == BACKWARD:
+        if channels_last:
+            p[0] = p[0].movedim(-1, 1)  # dY, as X
+        run = _torch_backward(torch, op, x, p)
+    elif op.rows:
         run = _torch_rows(torch, F, op, x, p)
     elif op.family == "group":
         groups = op.group_count(x.shape[1])
@@ -189,7 +206,7 @@ def torch_peer(workload, X, params, threads):
 
     def call():
         y = run()
-        if workload.data_format == "NXC" and X.ndim > 2:
+        if channels_last:
             y = y.movedim(1, -1)
         return _from_torch(torch, y, X.dtype)
 
@@ -225,7 +242,90 @@ def _torch_rows(torch, F, op, x, p):
     return run
 
 
+def _torch_backward(torch, op, x, p):
+    """dX as PyTorch's autograd computes it: the ATen backward op it runs for the
+    operator (RMS: autograd itself), with the parameters' gradients too (output_mask
+    all true) and the forward's saved statistics computed before the timed call:
+
+    * batch normalization: ``native_batch_norm_backward`` (train=True; save_mean, the
+      batch mean; save_invstd = 1 / sqrt(var + eps), from the workload's mean and var);
+    * instance normalization: what autograd of ``F.instance_norm`` runs:
+      ``native_batch_norm_backward`` on the (1, N*C, ...) view of the contiguous X
+      (statistics from ``native_batch_norm`` on it), dY reshaped the same way (a copy
+      for channels-last dY) and dscale summed over N (the backward of the repeat);
+    * group normalization: ``native_group_norm_backward`` (mean, rstd of shape
+      (N, group) from ``native_group_norm``);
+    * layer normalization: ``native_layer_norm_backward`` (mean, rstd from
+      ``native_layer_norm``; a zero bias, so dB is computed);
+    * RMS normalization: autograd of ``F.rms_norm`` (``torch.autograd.grad`` of the
+      forward's graph, built once, ``retain_graph=True``; dX and dscale): torch 2.13
+      declares ``_fused_rms_norm_backward`` but has no CPU kernel for it (CUDA only),
+      and on CPU ``F.rms_norm`` is a composite whose backward runs its elementwise ops
+      and reductions.
+
+    16-bit X takes float32 parameters and statistics for batch normalization (as
+    torch's mixed-type kernel does), X's dtype elsewhere (torch: one dtype)."""
+    dy, scale, *stats = p
+    mask = [True, True, True]
+    if op.family == "channel" and op.batch_statistics:
+        w = scale.to(torch.float32 if x.dtype != torch.float64 else x.dtype)
+        mean64, var64 = (v.to(torch.float64) for v in stats)
+        save_mean = mean64.to(w.dtype)
+        save_invstd = (1 / torch.sqrt(var64 + EPSILON)).to(w.dtype)
+
+        def run():
+            return torch.ops.aten.native_batch_norm_backward(
+                dy, x, w, None, None, save_mean, save_invstd, True, EPSILON, mask)[0]
+        return run
+    w = scale.to(x.dtype)
+    N, C = x.shape[0], x.shape[1] if x.ndim > 1 else 1
+    if op.family == "channel":  # instance normalization
+        shape = (1, N * C, *x.shape[2:])
+        xr = x.contiguous().view(shape)  # what the forward saves
+        wr = w.repeat(N)
+        _, save_mean, save_invstd = torch.ops.aten.native_batch_norm(
+            xr, wr, None, None, None, True, 0.0, EPSILON)
+
+        def run():
+            dx, dw, db = torch.ops.aten.native_batch_norm_backward(
+                dy.reshape(shape), xr, wr, None, None, save_mean, save_invstd, True,
+                EPSILON, mask)
+            dw.view(N, C).sum(0)
+            db.view(N, C).sum(0)
+            return dx.view(x.shape)
+        return run
+    if op.family == "group":
+        groups = op.group_count(C)
+        HxW = x[0, 0].numel()
+        _, mean, rstd = torch.ops.aten.native_group_norm(x, w, None, N, C, HxW, groups,
+                                                         EPSILON)
+
+        def run():
+            return torch.ops.aten.native_group_norm_backward(dy, x, mean, rstd, w, N, C, HxW,
+                                                             groups, mask)[0]
+        return run
+    shape = [x.shape[-1]]
+    if op.family == "layer":
+        bias = torch.zeros_like(w)
+        _, mean, rstd = torch.ops.aten.native_layer_norm(x, shape, w, bias, EPSILON)
+
+        def run():
+            return torch.ops.aten.native_layer_norm_backward(dy, x, shape, mean, rstd, w, bias,
+                                                             mask)[0]
+        return run
+    if op.family == "rms":
+        leaves = (x.detach().requires_grad_(), w.detach().requires_grad_())
+        with torch.enable_grad():
+            y = torch.nn.functional.rms_norm(leaves[0], shape, leaves[1], eps=EPSILON)
+
+        def run():
+            return torch.autograd.grad(y, leaves, dy, retain_graph=True)[0]
+        return run
+    raise Unavailable(f"torch: no backward op for {op.name}")
+
+
 def openvino_peer(workload, X, params, threads):
+    _no_backward(workload, "openvino")
     try:
         import openvino as ov
     except ImportError:

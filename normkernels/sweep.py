@@ -4,11 +4,12 @@ where it does not.
 
 Each size runs through the bench's harness (:mod:`normkernels.benchmarks`): the
 inputs are built once, normkernels, the roofline baseline (parallel copy; read for
-moments) and the peers are timed with interleaved repeats in each cache state, every
-peer's Y is checked against normkernels', and the buffers are freed before the next
-size. The number of rounds adapts to the size: a one-round trial picks about
-``POINT_SECONDS x repeat`` seconds of timing, at least ``repeat`` rounds (huge sizes)
-and at most ``MAX_ROUND_SCALE x repeat`` (tiny sizes, microseconds per call).
+moments; add, two arrays read and one written, for backward passes) and the peers are
+timed with interleaved repeats in each cache state, every peer's Y is checked against
+normkernels', and the buffers are freed before the next size. The number of rounds
+adapts to the size: a one-round trial picks about ``POINT_SECONDS x repeat`` seconds of
+timing, at least ``repeat`` rounds (huge sizes) and at most ``MAX_ROUND_SCALE x
+repeat`` (tiny sizes, microseconds per call).
 """
 
 import argparse
@@ -79,14 +80,13 @@ def time_point(workload, peers, threads, caches, repeat, warmup=1):
     X, params = benchmarks.make_inputs(workload)
     nk = benchmarks.normkernels_call(workload, X, params, np.empty_like(X))
     ours = nk()
-    reads_only = workload.operator.reads_only
-    roofline = "read" if reads_only else "copy"
+    roofline = benchmarks.roofline(workload)
     others, skipped = benchmarks.comparison_calls(workload, X, params, peers, threads,
                                                   baselines=(roofline,), yardstick=False)
     calls = {"normkernels": nk, **others}
     compared = [p for p in peers if p in calls]
     agreement = {p: benchmarks.agreement(workload, calls[p](), ours) for p in compared}
-    nbytes = (1 if reads_only else 2) * X.nbytes
+    nbytes = benchmarks.moved_bytes(workload, X)
     results = []
     for i, cache in enumerate(caches):
         medians, rounds = _time_state(calls, cache, repeat, warmup if i == 0 else 0)
@@ -96,7 +96,7 @@ def time_point(workload, peers, threads, caches, repeat, warmup=1):
             "shape": list(workload.layout_shape), "ncx_shape": list(workload.shape),
             "elements": X.size, "bytes": nbytes, "threads": threads, "cache": cache,
             "rounds": rounds, "roofline": roofline, "seconds": medians,
-            "gbps": {k: nbytes / v / 1e9 for k, v in medians.items()},
+            "gbps": benchmarks.gbps(workload, X, medians),
             "ratios": {p: medians[p] / medians["normkernels"] for p in compared},
             "skipped": skipped, "agreement": agreement})
     return results
@@ -188,9 +188,10 @@ CACHE_TITLES = {"warm": "warm caches (each timed call right after an untimed cal
                 "cold": "cold caches (256 MB of scratch memory written before each call)"}
 LEGEND = (
     "shape: N x C x spatial (the logical shape; NXC stores it channels-last); us: "
-    "median time per call; bytes: X read + Y written (X only for moments); GB/s: "
-    "those bytes per second; copy (read for moments): a copy of the same bytes "
-    "(parallel; one thread below 1 MB), the bandwidth limit at large sizes; <peer> /nk: "
+    "median time per call; bytes: X read + Y written (X only for moments; X and dY read + "
+    "dX written for backward); GB/s: those bytes per second; copy (read for moments, "
+    "add dX = X + dY for backward): the same bytes moved (parallel; one thread below "
+    "1 MB), the bandwidth limit at large sizes; <peer> /nk: "
     "the peer's time over normkernels' "
     "(above 1: normkernels is faster), '!' when its Y differs from normkernels' by more "
     "than its dtype can hold; rounds: interleaved repeats, many for tiny sizes, few for "

@@ -66,10 +66,100 @@ def test_workload_inputs_match_their_description():
             continue
         X, params = benchmarks.make_inputs(w)
         assert X.shape == w.layout_shape and X.dtype == benchmarks.DTYPES[w.dtype]
-        if w.operator.skip:  # onnxruntime's skip input comes first, of X's shape
-            assert params[0].shape == X.shape
+        if w.operator.skip or w.mode == "backward":  # skip input / dY first, X's shape
+            assert params[0].shape == X.shape and params[0].dtype == X.dtype
+            assert not np.array_equal(params[0], X)
             params = params[1:]
         assert all(p.shape == (w.channels,) for p in params)
+        if w.mode == "backward":  # scale, and for BN the batch statistics of X
+            assert len(params) == (3 if w.op == "batchnorm" else 1)
+        if w.mode == "backward" and w.op == "batchnorm":
+            x = np.moveaxis(X.astype(np.float64), w.channel_axis, 0).reshape(w.channels, -1)
+            assert np.allclose(params[1], x.mean(axis=1), atol=1e-6)
+            assert np.allclose(params[2], x.var(axis=1), rtol=1e-6)
+
+
+BACKWARD_OPS = [op for op in OPERATORS.values() if op.backward]
+
+
+def _numeric_gradient(f, X, h=1e-5):
+    """Central differences of the scalar ``f`` at every element of X (float64)."""
+    grad = np.empty_like(X)
+    for i in np.ndindex(X.shape):
+        up, down = X.copy(), X.copy()
+        up[i] += h
+        down[i] -= h
+        grad[i] = (f(up) - f(down)) / (2 * h)
+    return grad
+
+
+@pytest.mark.parametrize("op,layout", [(op.name, layout) for op in BACKWARD_OPS
+                                       for layout in op.layouts])
+def test_backward_formula_is_the_gradient_of_the_forward_formula(op, layout):
+    """The bench's float64 check of dX (the formula of mode "backward") is the
+    gradient of sum(dY * Y) for the forward formula, by central differences (BN:
+    training, its mean and var X's batch statistics)."""
+    record = OPERATORS[op]
+    rng = np.random.default_rng(3)
+    ncx = (3, 5) if record.rows else (2, 6, 3)  # groupnorm: 2 groups of 3 channels
+    shape = ncx if layout == "NCX" else (2, 3, 6)
+    axis = 1 if layout == "NCX" else 2
+    X = rng.standard_normal(shape) * 2 + 0.5
+    C = record.columns(ncx)
+    dY, scale, *stats = record.params(rng, C, np.dtype(np.float64), shape, "backward", X,
+                                      axis)
+    forward = [scale, rng.standard_normal(C), *stats][:record.n_params]
+    mode = "training" if "training" in record.modes else "inference"
+
+    def loss(x):
+        return float(np.sum(dY * record.formula(x, forward, mode, axis, x.dtype)))
+
+    expected = _numeric_gradient(loss, X)
+    got = record.formula(X, [dY, scale, *stats], "backward", axis, X.dtype)
+    assert got.shape == X.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_backward_workloads_move_three_arrays_and_skip_the_onnx_peers(capsys):
+    w = benchmarks.Workload("small-backward", "layernorm", (16, 40), "float32", mode="backward")
+    result = benchmarks.run_workload(w, repeat=1, warmup=0,
+                                     peers=["numpy", "onnx-ref", "onnxruntime", "openvino"])
+    nbytes = 16 * 40 * 4
+    assert result["roofline"] == "add" and result["bytes"] == 3 * nbytes
+    assert {"add", "copy", "read", "axpb"} <= set(result["seconds"])
+    for name, streams in (("normkernels", 3), ("numpy", 3), ("add", 3), ("copy", 2),
+                          ("read", 1)):
+        assert result["gbps"][name] == pytest.approx(
+            streams * nbytes / result["seconds"][name] / 1e9)
+    assert result["pct_of_roofline"] == pytest.approx(
+        100 * result["seconds"]["add"] / result["seconds"]["normkernels"])
+    for peer in ("onnx-ref", "onnxruntime", "openvino"):
+        assert result["skipped"][peer] == f"{peer}: no ONNX operator for a backward pass"
+    assert "backward" in benchmarks.SUITES and "backward" not in benchmarks.SUITES["default"]
+    assert all(benchmarks.WORKLOADS_BY_NAME[n].mode == "backward"
+               for n in benchmarks.SUITES["backward"])
+    argv = ["bench", "--op", "groupnorm", "--mode", "backward", "--shape", "2,4,8,8",
+            "--layout", "NXC", "--repeat", "1", "--peers", "numpy", "onnxruntime"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "groupnorm-backward-2x4x8x8-float32-nxc" in out
+    assert "no ONNX operator for a backward pass" in out
+    assert cli.main(["bench", "--list"]) == 0
+    assert "suite backward: backward-resnet-stem-f32-ncx" in capsys.readouterr().out
+
+
+def test_coldstart_calls_of_the_backward_mode_run():
+    """The first-call sources ``normkernels coldstart`` runs for mode backward are valid
+    calls (dY = X; mean and var ones) on a shape like its default (64 channels)."""
+    import normkernels as nk
+
+    families = {f: c for f, c in model_timing.COLD_START_FAMILIES.items()
+                if f.endswith(" backward")}
+    assert set(families) == {f"{op.name} backward" for op in BACKWARD_OPS}
+    for call in families.values():
+        X = np.ones((2, 64, 4, 4), "float32")
+        dX = eval(call, {"nk": nk, "np": np, "X": X, "p": np.ones(64, "float32")})[0]
+        assert dX.shape == X.shape and np.isfinite(dX).all()
 
 
 def test_bench_command(tmp_path, capsys):
