@@ -253,12 +253,9 @@ def _roofline_kernels():
             y[lo:hi] = x[lo:hi]
 
     @njit(parallel=True, cache=True)
-    def parallel_add(x, z, y):
-        n = x.size
-        chunks = 64
-        for k in prange(chunks):
-            for i in range(k * n // chunks, (k + 1) * n // chunks):
-                y[i] = x[i] + z[i]
+    def parallel_add(x, z, y):  # one flat prange: an inner loop from k * n // chunks
+        for i in prange(x.size):  # would not vectorise (4x slower)
+            y[i] = x[i] + z[i]
 
     @njit(parallel=True, cache=True)
     def parallel_axpb(x, y, a, b):
