@@ -338,7 +338,7 @@ class NumbaEngine(Engine):
     def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
         xs, dys = _views(x, dy)
         dxs = storage_view(dx.ravel())
-        path = policy.resolve_path(dxs, path)
+        path = policy.resolve_path(dxs, path, arrays=3)  # X and dY read, dX written
         with launch_guard(path):
             if S >= backward.GRAD_MIN_PLANE:
                 took("grad_apply", "planes", path)
@@ -363,7 +363,10 @@ class NumbaEngine(Engine):
         stats = np.empty((0, 2)) if stats is None else np.ascontiguousarray(stats, np.float64)
         xs, dys = _views(x, dy)
         dxs = storage_view(dx.ravel())
-        rows_per_item = -(-M // min(M, backward.ROW_ITEMS))
+        # work items by the shape alone (the same bits for any thread count): few for
+        # a small call, whose column partials would otherwise outweigh its rows
+        items = max(1, min(M, backward.ROW_ITEMS, M * K // backward.ROW_ITEM_ELEMENTS))
+        rows_per_item = -(-M // items)
         items = -(-M // rows_per_item)
         part_g, part_b = np.empty((items, K)), np.empty((items, K))
         path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"

@@ -136,16 +136,17 @@ def streaming_supported():
     return bool(binding.get_host_cpu_features().get("avx", False))
 
 
-def wants_streaming(nbytes):
-    """Streaming stores for an output of ``nbytes`` (its input as large): by the store
-    policy, auto meaning X and Y together exceed the last-level cache."""
+def wants_streaming(nbytes, arrays=2):
+    """Streaming stores for an output of ``nbytes`` (its ``arrays - 1`` inputs as
+    large): by the store policy, auto meaning the arrays together exceed the last-level
+    cache."""
     mode = streaming_mode()
     if mode == "auto":
-        return 2 * nbytes > last_level_cache_bytes()
+        return arrays * nbytes > last_level_cache_bytes()
     return mode == "always"
 
 
-def choose_path(arr, serial_max=None, asleep_rule=False):
+def choose_path(arr, serial_max=None, asleep_rule=False, arrays=2):
     """The path for a call over ``arr`` (a storage array): serial up to
     ``serial_max`` elements (default :data:`SERIAL_MAX_ELEMENTS`), and with
     ``asleep_rule`` up to :func:`asleep_serial_max` of it while the workers sleep;
@@ -155,7 +156,7 @@ def choose_path(arr, serial_max=None, asleep_rule=False):
     if n <= limit or (asleep_rule and n <= asleep_serial_max(limit)
                       and not threads.workers_awake()):
         return "serial"
-    if wants_streaming(arr.nbytes) and arr.flags.aligned and streaming_supported():
+    if wants_streaming(arr.nbytes, arrays) and arr.flags.aligned and streaming_supported():
         return "streaming"
     return "parallel"
 
@@ -169,17 +170,18 @@ def asleep_serial_max(limit):
     return max(limit, limit * ASLEEP_SERIAL_FACTOR // (2 * (threads_ - 1)))
 
 
-def resolve_path(arr, path, serial_max=None, asleep_rule=False):
-    """``path`` checked, or the one :func:`choose_path` picks for ``arr``; "serial"
-    in a forked child (see :mod:`normkernels.engine.threads`); streaming falls back
-    to parallel where it cannot run."""
+def resolve_path(arr, path, serial_max=None, asleep_rule=False, arrays=2):
+    """``path`` checked, or the one :func:`choose_path` picks for ``arr`` (an output
+    written from ``arrays - 1`` inputs of its size); "serial" in a forked child (see
+    :mod:`normkernels.engine.threads`); streaming falls back to parallel where it
+    cannot run."""
     if path is not None and path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     if not threads.parallel_allowed():
         took("one-thread")
         return "serial"
     if path is None:
-        return choose_path(arr, serial_max, asleep_rule)
+        return choose_path(arr, serial_max, asleep_rule, arrays)
     if path == "streaming" and not (streaming_supported() and arr.flags.aligned):
         return "parallel"
     return path

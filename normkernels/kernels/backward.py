@@ -29,20 +29,23 @@ from normkernels.kernels.lp import store_rounded
 from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS, VECTOR_BYTES
 from normkernels.kernels.scale_shift import _elements_to_alignment
 from normkernels.kernels.statistics import (
+    CANCELLATION_LIMIT,
     COLUMN_TILE,
     LINE,
     PLANE_CHUNK,
     ROW_UNROLL,
+    SUB_BLOCK,
     _deviation,
+    _span_two_pass,
     chan_merge,
-    chunk_moments,
 )
 from normkernels.kernels.vectors import prefetch, store_fence, stream_grad, stream_grad_tables
 
 GRAD_MIN_PLANE = 256  # planes at least this long are reduced and written plane by plane
 ROW_BLOCK_ELEMENTS = 1 << 16  # elements per work item of the rows loops (about)
 APPLY_BLOCK = 1 << 16  # elements per work item of the planes dX pass
-ROW_ITEMS = 64  # row backward: work items (a fixed count: their partials merge in order)
+ROW_ITEMS = 64  # row backward: work items at most (their partials merge in order)
+ROW_ITEM_ELEMENTS = 1 << 14  # row backward: elements per work item at least (about)
 
 
 # --- the reduction ---
@@ -89,21 +92,69 @@ def merge_plane_sums(part1, part2, C, S, total1, total2):
         total2[c] = t2
 
 
+@njit(**MOMENTS_OPTIONS)
+def _span_four(x, dy, shift):
+    """``(sum d, sum d^2, sum dy, sum dy * d)`` with ``d = x - shift``, float64, in one
+    pass over both slices. Compiled apart (vectorised sums; ``_deviation`` keeps LLVM
+    from turning the shifted sums into unshifted ones)."""
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    s4 = 0.0
+    for i in range(x.size):
+        d = _deviation(x, i, shift)
+        g = np.float64(load(dy, i))
+        s1 += d
+        s2 += d * d
+        s3 += g
+        s4 += g * d
+    return s1, s2, s3, s4
+
+
+@njit(**KERNEL_OPTIONS)
+def _chunk_moment_sums(x, dy):
+    """``(mean, M2, sum dy, sum dy * (x - mean))`` of a chunk, SUB_BLOCK by SUB_BLOCK:
+    one pass over X and dY together (both streams in flight) with sums shifted by the
+    sub-block's first element, as ``statistics._span`` shifts them (two passes where
+    that cancels badly); sub-blocks merged by Chan's formula, their dY sums moved to
+    the first sub-block's mean, then to the chunk's."""
+    n, mean, m2 = 0, 0.0, 0.0
+    ref, t1, t2 = 0.0, 0.0, 0.0
+    for lo in range(0, x.size, SUB_BLOCK):
+        hi = min(x.size, lo + SUB_BLOCK)
+        xs, gs = x[lo:hi], dy[lo:hi]
+        k = hi - lo
+        shift = np.float64(load(xs, 0))
+        if not np.isfinite(shift):  # x - inf would make an infinite mean NaN
+            shift = 0.0
+        a, b, c, d = _span_four(xs, gs, shift)
+        correction = a * a / k
+        if correction <= b * CANCELLATION_LIMIT:
+            mean_b, m2_b, s1_b, s2_b = shift + a / k, b - correction, c, d - (a / k) * c
+        else:
+            mean_b, m2_b = _span_two_pass(xs)
+            s1_b, s2_b = _span_sums(xs, gs, mean_b)
+        if lo == 0:
+            ref = mean_b
+        t1 += s1_b
+        t2 += s2_b + (mean_b - ref) * s1_b
+        n, mean, m2 = chan_merge(n, mean, m2, k, mean_b, m2_b)
+    return mean, m2, t1, t2 - (mean - ref) * t1
+
+
 @njit(parallel=True, **MOMENTS_OPTIONS)
 def plane_moment_sums(x, dy, S, part_mean, part_m2, part1, part2):
     """The reduction that also finds the statistics (instance and group normalization):
     per (plane, chunk) the chunk's ``(mean, M2)`` and ``(sum dy, sum dy * (x - mean))``
-    around that chunk mean. X and dY are read from memory once; the chunk (at most
-    ``PLANE_CHUNK`` elements) is read again from L2 for the second sums."""
+    around that chunk mean (:func:`_chunk_moment_sums`). X and dY are read once,
+    together."""
     chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
     for item in prange(part1.size):
         p = item // chunks
         lo = p * S + (item % chunks) * PLANE_CHUNK
         hi = min((p + 1) * S, lo + PLANE_CHUNK)
-        mean, m2 = chunk_moments(x[lo:hi])
-        part_mean[item] = mean
-        part_m2[item] = m2
-        part1[item], part2[item] = _span_sums(x[lo:hi], dy[lo:hi], mean)
+        part_mean[item], part_m2[item], part1[item], part2[item] = _chunk_moment_sums(
+            x[lo:hi], dy[lo:hi])
 
 
 @njit(**KERNEL_OPTIONS)
