@@ -104,6 +104,10 @@ class Operator:
     warmup: tuple = ()
     groups: tuple = None  # ("num_groups" or "groups", GROUPS): the group attribute
     backward: str = None  # the public backward function: mode "backward" calls it
+    backward_spec: str = BACKWARD  # the spec module of the backward function
+    # mode -> the positional arguments by name, when not (X, scale, B, mean, var) or
+    # (dY, X, scale, mean, var) in that order (oneDNN's training operations)
+    signature: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.backward is not None and BACKWARD not in self.modes:
@@ -185,12 +189,23 @@ class Operator:
         if self.backward is None:
             raise ValueError(f"{self.name} has no mode {BACKWARD!r} (its modes: "
                              f"{', '.join(self.modes)})")
-        return self.backward, BACKWARD
+        return self.backward, self.backward_spec
 
-    @staticmethod
-    def arguments(X, params, mode):
-        """The positional arguments: ``(X, *params)``; backward ``(dY, X, *rest)``."""
-        return (params[0], X, *params[1:]) if mode == BACKWARD else (X, *params)
+    def arguments(self, X, params, mode):
+        """The positional arguments: ``(X, *params)``; backward ``(dY, X, *rest)``; or
+        in the order :attr:`signature` names for ``mode``."""
+        if mode == BACKWARD:
+            names = ("dY", "X", "scale", "mean", "var")
+            args = (params[0], X, *params[1:])
+        else:
+            names = ("X", "skip", "scale", "B", "mean", "var") if self.skip else (
+                "X", "scale", "B", "mean", "var")
+            args = (X, *params)
+        order = self.signature.get(mode)
+        if order is None:
+            return args
+        by_name = dict(zip(names, args, strict=False))  # records pass fewer
+        return tuple(by_name[name] for name in order)
 
     def bound(self, X, params, mode="inference", data_format="NCX", out=None):
         """A zero-argument call of the public function (arguments bound once: the
@@ -345,7 +360,8 @@ class Operator:
         kwargs = dict(self.mode_kwargs.get(mode, {}))
         if self.groups is not None:
             kwargs[self.groups[0]] = GROUPS
-        if self.name in ("batchnorm-inference", "groupnorm-onednn"):  # oneDNN: NXC default
+        if self.name in ("batchnorm-inference", "groupnorm-onednn",
+                         "batchnorm-training-onednn"):  # oneDNN: NXC default
             kwargs["data_format"] = "NCX"
         extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
         return f"nk.{self.target(mode)[0]}({args}{extra})"
@@ -390,6 +406,18 @@ OPERATORS = {op.name: op for op in [
                        "input_var"), "op_batch_normalization", implements=False),
              torch="batch_norm", mode_kwargs={"inference": {"epsilon": EPSILON}},
              warmup=_SCALE_SHIFT_WARMUP),
+    Operator("batchnorm-training-onednn", "oneDNN Graph BatchNormForwardTraining-1 and "
+             "BatchNormTrainingBackward-1", "batch_norm_forward_training", "onednn_training",
+             modes=("training",), dtypes=("float16", "bfloat16", "float32"),
+             param_dtype="float32",
+             onnx=Onnx("BatchNormalization", (15,), ("X", "scale", "B", "input_mean",
+                       "input_var"), "op_batch_normalization", implements=False),
+             torch="batch_norm", over_inference=("training", "backward"),
+             mode_kwargs={"training": {"epsilon": EPSILON, "momentum": MOMENTUM},
+                          "backward": {"epsilon": EPSILON}},
+             backward="batch_norm_training_backward", backward_spec="onednn_training",
+             signature={"training": ("X", "mean", "var", "scale", "B"),
+                        "backward": ("X", "dY", "mean", "var", "scale")}),  # BN's kernels
     Operator("instancenorm", "ONNX InstanceNormalization", "instance_normalization",
              "instance_normalization", n_params=2,
              onnx=Onnx("InstanceNormalization", (1, 6, 22), ("input", "scale", "B"),

@@ -407,7 +407,9 @@ def group_expected(dY, X, scale, G, fmt):
     s = np.broadcast_to(scale.astype(F64).reshape((1, C) + (1,) * (x.ndim - 2)),
                         x.shape).reshape(N, G, -1)
     exact, dyx = normalization_backward(gdy, gx, s, mean, r, 2)
-    tol = backward_tolerance(gdy, gx, s, mean, r, 2, exact, X.dtype)
+    # the bound of g = dY * scale with scale 1: the scale varies inside a group, and K =
+    # -r <g> carries the group's mean of g, not one channel's scale times <dY>
+    tol = backward_tolerance(gdy * s, gx, 1.0, mean, r, 2, exact, X.dtype)
     back = (lambda v: np.moveaxis(v.reshape(x.shape), 1, -1)) if fmt == "NXC" else (
         lambda v: v.reshape(x.shape))
     axes = (0, *range(2, x.ndim))

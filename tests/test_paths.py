@@ -272,6 +272,14 @@ CASES.update({
                                 [f"grad_sums/planes/{'parallel' if p == 'streaming' else p}",
                                  f"grad_apply/planes/{p}"], path=p)
        for p in ("serial", "parallel", "streaming")},
+    **{f"group-grad-planes-{p}": case("group-grad", (3, 4, 17, 19), "NCX",
+                                      [f"grad_sums/fused-planes/{p}", f"grad_apply/planes/{p}"],
+                                      path=p)
+       for p in ("serial", "parallel")},
+    **{f"group-grad-rows-{p}": case("group-grad", (3, 4, 9, 11), "NXC",
+                                    [f"grad_sums/fused-rows/{p}", f"grad_apply/rows/{p}"],
+                                    path=p)
+       for p in ("serial", "parallel")},
     **{f"grad-rows-{p}": case("grad", (3, 4, 9, 11), "NXC",
                               [f"grad_sums/rows/{'parallel' if p == 'streaming' else p}",
                                f"grad_apply/rows/{p}"], path=p)
@@ -283,7 +291,8 @@ DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,
           "bn": FLOATS, "training": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS,
-          "group": FLOATS, "mvn": FLOATS, "lp": FLOATS, "lrn": FLOATS, "grad": FLOATS}
+          "group": FLOATS, "mvn": FLOATS, "lp": FLOATS, "lrn": FLOATS, "grad": FLOATS,
+          "group-grad": FLOATS}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
@@ -388,6 +397,10 @@ def run(case, X, params, dtype, engine=ENGINE):
         p = [params[0].astype(F32), *grad_statistics(X, case.data_format)]
         return backward_spec.batch_normalization_backward(X[::-1].copy(), X, *p, epsilon=EPS,
                                                           **kw), p
+    if case.op == "group-grad":  # dY: X's reversal; groups of two channels
+        p = [params[0].astype(dtype)]
+        return backward_spec.group_normalization_backward(
+            X[::-1].copy(), X, p[0], num_groups=case.ncx_shape[1] // 2, epsilon=EPS, **kw), p
     if case.op == "group":
         p = [v.astype(dtype) for v in params[:2]]
         groups = case.ncx_shape[1] // 2
@@ -401,6 +414,13 @@ def run(case, X, params, dtype, engine=ENGINE):
     if case.op == "lrn":
         return lrn_spec.lrn(X, size=4, alpha=0.9, **kw), []
     return moments_spec.partial_statistics(X, case.data_format, engine, path=case.path), []
+
+
+def _group_view(A, fmt):
+    """``A`` (N x C x ... or N x ... x C) as float64 (N, C // 2, 2 * spatial) in channel
+    order: the statistic groups of two channels of the group-grad cases."""
+    a = np.moveaxis(A, -1, 1) if fmt == "NXC" else A
+    return a.astype(F64).reshape(a.shape[0], a.shape[1] // 2, -1)
 
 
 def grad_statistics(X, fmt):
@@ -505,6 +525,26 @@ def check_with_oracle(case, X, params, result):
         assert_close(dX, back(exact), back(tol), "dX")
         assert_close(dB, dy.sum(axis=axes), 1e-6 * np.abs(dy).sum(axis=axes), "dB")
         assert_close(dscale, dyx.sum(axis=axes), 1e-6 * np.abs(dyx).sum(axis=axes), "dscale")
+    elif case.op == "group-grad":
+        dX, dscale, dB = result
+        x, dy = _group_view(X, fmt), _group_view(X[::-1], fmt)
+        with np.errstate(all="ignore"):
+            mean = x.mean(axis=2, keepdims=True)
+            r = 1 / np.sqrt(x.var(axis=2, keepdims=True) + EPS)
+        C = X.shape[1] if fmt == "NCX" else X.shape[-1]
+        s = np.broadcast_to(np.repeat(params[0].astype(F64), x.shape[2] // (C // x.shape[1]))
+                            .reshape(x.shape[1], -1), x.shape)
+        exact, dyx = normalization_backward(dy, x, s, mean, r, 2)
+        # the bound of g = dY * scale with scale 1: the scale varies inside a group,
+        # and K = -r <g> carries the group's mean of g, not one channel's scale times <dY>
+        tol = backward_tolerance(dy * s, x, 1.0, mean, r, 2, exact, X.dtype)
+        assert_close(_group_view(dX, fmt), exact, tol, "dX")
+        per_channel = dyx.reshape(x.shape[0], C, -1).sum(axis=(0, 2))
+        assert_close(dscale, per_channel, 1e-6 * np.abs(dyx).reshape(x.shape[0], C, -1).sum(
+            axis=(0, 2)) + 0.5 * ulp(np.abs(per_channel), X.dtype), "dscale")
+        dB_exact = dy.reshape(x.shape[0], C, -1).sum(axis=(0, 2))
+        assert_close(dB, dB_exact, 1e-6 * np.abs(dy).reshape(x.shape[0], C, -1).sum(axis=(0, 2))
+                     + 0.5 * ulp(np.abs(dB_exact), X.dtype), "dB")
     elif case.op == "group":
         exact, mean, var, s, b = group_norm(X, *params, case.ncx_shape[1] // 2, EPS, fmt)
         assert_close(result, exact, group_tolerance(X, s, b, mean, var, EPS, fmt, X.dtype))
@@ -588,6 +628,11 @@ def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
     assert case.routes <= set(routes_taken)
     if case.op == "grad":  # a non-finite X or dY makes its channel's dX all NaN or inf
         check_grad_confinement(X, case.data_format, result[0])
+        return
+    if case.op == "group-grad":  # ... and its (n, group)'s
+        x, d = _group_view(X, case.data_format), _group_view(result[0], case.data_format)
+        bad = ~np.isfinite(x).all(axis=2) | ~np.isfinite(x[::-1]).all(axis=2)
+        assert bad.any() and np.array_equal(np.isfinite(d).all(axis=2), ~bad)
         return
     check_with_oracle(case, X, params, result)
 
@@ -675,6 +720,9 @@ class KernelStatisticsTwin:
 
     def channel_grad_sums(self, x, dy, C, S, mean, path=None):
         return ENGINE.channel_grad_sums(x, dy, C, S, mean, path)
+
+    def group_grad_sums(self, x, dy, planes, S, group, path=None):
+        return ENGINE.group_grad_sums(x, dy, planes, S, group, path)
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):

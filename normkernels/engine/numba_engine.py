@@ -302,37 +302,29 @@ class NumbaEngine(Engine):
         return total1, total2
 
     def group_grad_sums(self, x, dy, planes, S, group, path=None):
-        if S == 1 and x.size > planes:  # a channels-last sample: rows of the planes
-            return self._row_group_grad_sums(x, dy, planes, group, path)
-        if S < backward.GRAD_MIN_PLANE:  # short planes: two reductions
+        n_rows = x.size // planes
+        if S == 1 and n_rows > 1:  # a channels-last sample: rows of the planes (columns)
+            rows = max(1, backward.ROW_BLOCK_ELEMENTS // planes)
+            route, shape, sizes = "fused-rows", (-(-n_rows // rows), planes), (rows, n_rows)
+            kernels = (backward.row_moment_sums, backward.row_moment_sums_serial,
+                       backward.merge_row_group_sums)
+            args = (planes, rows)
+        elif S >= backward.GRAD_MIN_PLANE:  # planes, in chunks
+            route, shape, sizes = "fused-planes", planes * -(-S // reductions.PLANE_CHUNK), (S,)
+            kernels = (backward.plane_moment_sums, backward.plane_moment_sums_serial,
+                       backward.merge_group_sums)
+            args = (S,)
+        else:  # short planes: two reductions
             return super().group_grad_sums(x, dy, planes, S, group, path)
         xs, dys = _views(x, dy)
-        chunks = -(-S // reductions.PLANE_CHUNK)
-        parts = [np.empty(planes * chunks) for _ in range(4)]
+        parts = [np.empty(shape) for _ in range(4)]
         count, mean, m2 = (np.empty(planes // group) for _ in range(3))
         total1, total2 = np.empty(planes), np.empty(planes)
         path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
-        took("grad_sums", "fused-planes", path)
+        took("grad_sums", route, path)
         with launch_guard(path):
-            _kernel(backward.plane_moment_sums, backward.plane_moment_sums_serial, path)(
-                xs, dys, S, *parts)
-        backward.merge_group_sums(*parts, S, group, count, mean, m2, total1, total2)
-        return count, mean, m2, total1, total2
-
-    def _row_group_grad_sums(self, x, dy, C, group, path):
-        xs, dys = _views(x, dy)
-        n_rows = xs.size // C
-        rows = max(1, backward.ROW_BLOCK_ELEMENTS // C)
-        parts = [np.empty((-(-n_rows // rows), C)) for _ in range(4)]
-        count, mean, m2 = (np.empty(C // group) for _ in range(3))
-        total1, total2 = np.empty(C), np.empty(C)
-        path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
-        took("grad_sums", "fused-rows", path)
-        with launch_guard(path):
-            _kernel(backward.row_moment_sums, backward.row_moment_sums_serial, path)(
-                xs, dys, C, rows, *parts)
-        backward.merge_row_group_sums(*parts, rows, n_rows, group, count, mean, m2, total1,
-                                      total2)
+            _kernel(kernels[0], kernels[1], path)(xs, dys, *args, *parts)
+        kernels[2](*parts, *sizes, group, count, mean, m2, total1, total2)
         return count, mean, m2, total1, total2
 
     def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):

@@ -26,7 +26,12 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lp import store_rounded
-from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_OPTIONS, VECTOR_BYTES
+from normkernels.kernels.options import (
+    INLINE_OPTIONS,
+    KERNEL_OPTIONS,
+    MOMENTS_OPTIONS,
+    VECTOR_BYTES,
+)
 from normkernels.kernels.scale_shift import _elements_to_alignment
 from normkernels.kernels.statistics import (
     CANCELLATION_LIMIT,
@@ -187,6 +192,16 @@ def merge_group_sums(part_mean, part_m2, part1, part2, S, group, count, mean, m2
 GRAD_PREFETCH_BYTES = 8192  # row_sums: how far ahead it asks for rows of X and dY
 
 
+@njit(**INLINE_OPTIONS)
+def _row_item(item, n_tiles, P, rows_per_block, n_rows):
+    """Work item ``item`` of the rows reductions, (row block, tile of COLUMN_TILE
+    columns): ``(block, first column, end column, first row, end row)``."""
+    blk = item // n_tiles
+    j0 = (item % n_tiles) * COLUMN_TILE
+    first = blk * rows_per_block
+    return blk, j0, min(P, j0 + COLUMN_TILE), first, min(n_rows, first + rows_per_block)
+
+
 @njit(parallel=True, **MOMENTS_OPTIONS)
 def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
     """Partials per (row block, column) of rows of ``P`` columns; ``mu[j]`` is the mean
@@ -197,12 +212,8 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
     n_rows = x.size // P
     n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
     for item in prange(part1.shape[0] * n_tiles):
-        blk = item // n_tiles
-        j0 = (item % n_tiles) * COLUMN_TILE
-        j1 = min(P, j0 + COLUMN_TILE)
+        blk, j0, j1, first, last = _row_item(item, n_tiles, P, rows_per_block, n_rows)
         width = j1 - j0
-        first = blk * rows_per_block
-        last = min(n_rows, first + rows_per_block)
         m = mu[j0:j1].copy()
         s1 = np.zeros(width)
         s2 = np.zeros(width)
@@ -247,12 +258,8 @@ def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
     n_rows = x.size // P
     n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
     for item in prange(part1.shape[0] * n_tiles):
-        blk = item // n_tiles
-        j0 = (item % n_tiles) * COLUMN_TILE
-        j1 = min(P, j0 + COLUMN_TILE)
+        blk, j0, j1, first, last = _row_item(item, n_tiles, P, rows_per_block, n_rows)
         width = j1 - j0
-        first = blk * rows_per_block
-        last = min(n_rows, first + rows_per_block)
         shift = np.empty(width)
         for j in range(width):  # by 0 where infinite: x - inf would make a mean NaN
             value = np.float64(load(x, first * P + j0 + j))
