@@ -92,6 +92,8 @@ def _onnx_model(workload, X, params):
         attributes["num_groups"] = attributes.pop("groups")
     attributes.pop("data_format", None)
     attributes.pop("keep_stats", None)  # oneDNN's, not the ONNX equivalent's
+    if training:  # oneDNN's BatchNormForwardTraining is training by its name
+        attributes.setdefault("training_mode", 1)
     node = helper.make_node(binding.op_type, list(inputs), outputs, domain=binding.domain,
                             **attributes)
     y_type = params[0] if workload.op == "rmsnorm" else x  # RMSNormalization: Y is scale's V
