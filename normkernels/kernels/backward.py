@@ -343,20 +343,33 @@ def _apply_run(x, dy, dx, m, a, b, k):
         store(dx, i, load(dy, i) * a + (load(x, i) - m) * b + k)
 
 
+@njit(**KERNEL_OPTIONS)
+def _apply_segment(x, dy, dx, lo, hi, m, a, b, k):
+    """:func:`_apply_run` of elements ``lo..hi-1`` (ordinary stores)."""
+    _apply_run(x[lo:hi], dy[lo:hi], dx[lo:hi], m, a, b, k)
+
+
+@njit(**INLINE_OPTIONS)
+def _planes_block(x, dy, dx, blk, C, S, m, a, b, k, run):
+    """Block ``blk`` of ``APPLY_BLOCK`` elements: ``run`` (:func:`_apply_segment` or
+    :func:`_stream_run`, fixed when the kernel compiles) per plane segment, with that
+    plane's channel's coefficients."""
+    lo = blk * APPLY_BLOCK
+    hi = min(x.size, lo + APPLY_BLOCK)
+    while lo < hi:
+        p = lo // S
+        end = min(hi, (p + 1) * S)
+        c = p % C
+        run(x, dy, dx, lo, end, m[c], a[c], b[c], k[c])
+        lo = end
+
+
 @njit(parallel=True, **KERNEL_OPTIONS)
 def apply_planes(x, dy, dx, C, S, m, a, b, k):
     """dX of every element, blocks of ``APPLY_BLOCK`` elements in parallel, one
     channel's coefficients per plane segment."""
-    n = x.size
-    for blk in prange((n + APPLY_BLOCK - 1) // APPLY_BLOCK):
-        lo = blk * APPLY_BLOCK
-        hi = min(n, lo + APPLY_BLOCK)
-        while lo < hi:
-            p = lo // S
-            end = min(hi, (p + 1) * S)
-            c = p % C
-            _apply_run(x[lo:end], dy[lo:end], dx[lo:end], m[c], a[c], b[c], k[c])
-            lo = end
+    for blk in prange((x.size + APPLY_BLOCK - 1) // APPLY_BLOCK):
+        _planes_block(x, dy, dx, blk, C, S, m, a, b, k, _apply_segment)
 
 
 @njit(**KERNEL_OPTIONS)
@@ -395,16 +408,8 @@ def _stream_run(x, dy, dx, lo, hi, m, a, b, k):
 def apply_planes_streaming(x, dy, dx, C, S, m, a, b, k):
     """:func:`apply_planes` with streaming stores (dX larger than the caches: its
     lines are not read before they are written)."""
-    n = x.size
-    for blk in prange((n + APPLY_BLOCK - 1) // APPLY_BLOCK):
-        lo = blk * APPLY_BLOCK
-        hi = min(n, lo + APPLY_BLOCK)
-        while lo < hi:
-            p = lo // S
-            end = min(hi, (p + 1) * S)
-            c = p % C
-            _stream_run(x, dy, dx, lo, end, m[c], a[c], b[c], k[c])
-            lo = end
+    for blk in prange((x.size + APPLY_BLOCK - 1) // APPLY_BLOCK):
+        _planes_block(x, dy, dx, blk, C, S, m, a, b, k, _stream_run)
         store_fence()
 
 
