@@ -9,7 +9,6 @@ keeps the compiled kernels (the kernel cache covers ``normkernels/kernels/`` onl
 import functools
 import glob
 import os
-import platform
 
 import numba
 
@@ -126,14 +125,12 @@ def streaming_mode():
     return mode
 
 
-@functools.cache
 def streaming_supported():
-    """Streaming stores need x86-64 with AVX (the kernels use 32-byte pieces)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    from llvmlite import binding
+    """Streaming stores need an x86-64 target with AVX (the kernels store 32-byte
+    pieces): the JIT's target, which ``NUMBA_CPU_NAME`` may set apart from the host."""
+    from normkernels.kernels.target import jit_target
 
-    return bool(binding.get_host_cpu_features().get("avx", False))
+    return jit_target().avx
 
 
 def wants_streaming(nbytes, arrays=2):

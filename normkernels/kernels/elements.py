@@ -19,21 +19,31 @@ dtype, so one kernel source serves all four dtypes. The kernels' scalar work (he
 and tails of vector loops, short planes) goes through these; the 64-byte vector
 bodies in :mod:`normkernels.kernels.vectors` reuse the IR builders below.
 
-Conversions, and why they look like this (measurements in docs/design.md):
+Conversions, and why they look like this (measurements in docs/design.md). Each is
+decided when a kernel compiles, from what Numba's target CPU has
+(:mod:`normkernels.kernels.target`): LLVM lowers a conversion the target has no
+instruction for to a compiler-rt call that Numba's JIT cannot link, which aborts the
+process. Every path gives the same bits on every target:
 
-* float16 goes through LLVM's ``half`` type (``fpext``/``fptrunc``): the x86 backend
-  emits ``vcvtph2ps``/``vcvtps2ph`` (F16C), exact widening and correctly rounded
-  narrowing.
+* float16 goes through LLVM's ``half`` type (``fpext``/``fptrunc``) where the target
+  has the instructions (x86 F16C ``vcvtph2ps``/``vcvtps2ph``, aarch64 ``fcvt``), and
+  otherwise through integer operations on the bits that give the same results
+  (:func:`widen_f16_bits`, :func:`narrow_f16_bits`): exact widening, narrowing rounded
+  to nearest even, overflow to infinity, subnormals exact, a NaN made quiet with its
+  payload's high bits kept (as the instructions do).
 * bfloat16 is done on the bits. Widening is exact (``bits << 16``). Narrowing rounds to
   nearest even on the float32 bits and keeps NaN a (quiet) NaN. LLVM's own ``bfloat``
-  truncation (``vcvtneps2bf16``) flushes float32 subnormals to zero, so it is used only
-  in the vector bodies, behind a check that sends subnormal lanes here.
+  truncation (``vcvtneps2bf16``, on targets with AVX512-BF16 only) flushes float32
+  subnormals to zero, so it is used only in the vector bodies, behind a check that
+  sends subnormal lanes here.
 """
 
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core.extending import intrinsic, overload
+
+from normkernels.kernels.target import jit_target
 
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
@@ -56,13 +66,75 @@ def _vec(elem, count):
 
 
 def widen_f16(builder, bits, count=1):
-    """uint16 bits (scalar or vector) -> float32, exact."""
+    """uint16 float16 bits (scalar or vector) -> float32, exact."""
+    if not jit_target().f16_native:
+        return widen_f16_bits(builder, bits, count)
     return builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), count)), _vec(_F32, count))
 
 
 def narrow_f16(builder, value, count=1):
     """float32 -> float16 bits, round to nearest even (IEEE fptrunc)."""
+    if not jit_target().f16_native:
+        return narrow_f16_bits(builder, value, count)
     return builder.bitcast(builder.fptrunc(value, _vec(ir.HalfType(), count)), _vec(_I16, count))
+
+
+def widen_f16_bits(builder, bits, count=1):
+    """:func:`widen_f16` by integer operations, for targets without half instructions.
+
+    Normal numbers move the exponent and fraction 13 bits up and rebias the exponent
+    (15 -> 127); zero and subnormals are ``magnitude * 2**-24``, exact in float32;
+    infinities and NaNs get the float32 all-ones exponent, a NaN made quiet (bit 22)
+    as ``vcvtph2ps`` and ``fcvt`` do. Three selects, so it vectorises.
+    """
+    i32 = _vec(_I32, count)
+    h = builder.zext(bits, i32)
+    magnitude = builder.and_(h, _splat(0x7FFF, i32))
+    sign = builder.shl(builder.and_(h, _splat(0x8000, i32)), _splat(16, i32))
+    exponent = builder.and_(h, _splat(0x7C00, i32))
+    moved = builder.shl(magnitude, _splat(13, i32))
+    normal = builder.add(moved, _splat((127 - 15) << 23, i32))
+    is_nan = builder.icmp_unsigned(">", magnitude, _splat(0x7C00, i32))
+    special = builder.or_(builder.add(moved, _splat((255 - 31) << 23, i32)),
+                          builder.select(is_nan, _splat(0x400000, i32), _splat(0, i32)))
+    tiny = builder.fmul(builder.sitofp(magnitude, _vec(_F32, count)),
+                        _splat(2.0**-24, _vec(_F32, count)))
+    tiny = builder.bitcast(tiny, i32)
+    is_special = builder.icmp_unsigned("==", exponent, _splat(0x7C00, i32))
+    is_tiny = builder.icmp_unsigned("==", exponent, _splat(0, i32))
+    bits32 = builder.select(is_special, special, builder.select(is_tiny, tiny, normal))
+    return builder.bitcast(builder.or_(bits32, sign), _vec(_F32, count))
+
+
+def narrow_f16_bits(builder, value, count=1):
+    """:func:`narrow_f16` by integer operations, for targets without half instructions.
+
+    On the float32 magnitude ``a``: normal results rebias the exponent (127 -> 15) and
+    round the 13 dropped bits to nearest even with the add ``0xfff + lsb`` (a carry
+    runs into the exponent, up to infinity); results below 2**-14 come from the float
+    add ``a + 0.5``, whose ulp (2**-24) is the float16 subnormal step, so the FPU
+    rounds them to nearest even; ``a >= 65520`` (the halfway point past the largest
+    float16) is infinity; a NaN keeps its high payload bits with the quiet bit set,
+    as ``vcvtps2ph`` and ``fcvt`` do. The sign is put back last.
+    """
+    i32 = _vec(_I32, count)
+    u = builder.bitcast(value, i32)
+    a = builder.and_(u, _splat(0x7FFFFFFF, i32))
+    sign = builder.and_(builder.lshr(u, _splat(16, i32)), _splat(0x8000, i32))
+    lsb = builder.and_(builder.lshr(a, _splat(13, i32)), _splat(1, i32))
+    rebiased = builder.add(a, _splat(((15 - 127) << 23) + 0xFFF, i32))
+    normal = builder.lshr(builder.add(rebiased, lsb), _splat(13, i32))
+    half = _splat(0.5, _vec(_F32, count))
+    tiny = builder.fadd(builder.bitcast(a, _vec(_F32, count)), half)
+    tiny = builder.sub(builder.bitcast(tiny, i32), _splat(0x3F000000, i32))
+    nan = builder.or_(builder.and_(builder.lshr(a, _splat(13, i32)), _splat(0x3FF, i32)),
+                      _splat(0x7E00, i32))
+    is_nan = builder.icmp_unsigned(">", a, _splat(0x7F800000, i32))
+    is_inf = builder.icmp_unsigned(">=", a, _splat(0x477FF000, i32))
+    is_tiny = builder.icmp_unsigned("<", a, _splat(0x38800000, i32))
+    finite = builder.select(is_tiny, tiny, normal)
+    magnitude = builder.select(is_nan, nan, builder.select(is_inf, _splat(0x7C00, i32), finite))
+    return builder.trunc(builder.or_(magnitude, sign), _vec(_I16, count))
 
 
 def widen_bf16(builder, bits, count=1):

@@ -14,9 +14,11 @@ Why IR rather than Numba loops: streaming stores need it, and bfloat16 narrowing
 too. Narrowing bfloat16 on the bits (round to nearest even, NaN kept quiet) costs
 about eight vector instructions per 16 lanes, which made bfloat16 compute-bound (see
 ``vectors.narrow_bf16`` in docs/design.md). Here it is
-LLVM's ``fptrunc`` to ``bfloat`` (one ``vcvtneps2bf16`` with AVX512-BF16), which
-treats subnormal inputs as zero; a vector holding any float32 subnormal takes the
-exact bit path instead (a branch that is essentially never taken).
+LLVM's ``fptrunc`` to ``bfloat`` (one ``vcvtneps2bf16``) on targets with
+AVX512-BF16, which treats subnormal inputs as zero; a vector holding any float32
+subnormal takes the exact bit path instead (a branch that is essentially never
+taken). Other targets have no instruction for it (LLVM would call compiler-rt, which
+the JIT cannot link) and narrow on the bits.
 
 Stores: the 16-bit results are bitcast to float vectors and passed through an empty
 inline-asm barrier before the store. Without it LLVM folded the float16 narrowing into
@@ -27,8 +29,6 @@ the store (``vcvtps2ph`` to memory) and silently dropped the non-temporal hint.
 parallel region ends, so the caller sees every element once the kernel returns.
 """
 
-import functools
-
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -36,6 +36,7 @@ from numba.core.extending import intrinsic
 
 from normkernels.kernels.elements import narrow_bf16, narrow_f16, widen_bf16, widen_f16
 from normkernels.kernels.options import VECTOR_BYTES
+from normkernels.kernels.target import jit_target
 
 # Class masks of llvm.is.fpclass (bit 4: negative subnormal, bit 7: positive
 # subnormal) and of AVX-512's vfpclassps imm8 (bit 5: denormal, either sign).
@@ -63,13 +64,6 @@ class _BFloat(ir.types.Type):
         return "bfloat"
 
 
-@functools.cache
-def _has_avx512dq():
-    from llvmlite import binding
-
-    return bool(binding.get_host_cpu_features().get("avx512dq", False))
-
-
 def _subnormal_lanes(builder, value, count):
     """<count x i1>: which float32 lanes of ``value`` are subnormal.
 
@@ -77,7 +71,7 @@ def _subnormal_lanes(builder, value, count):
     per 16 lanes; with AVX512-DQ one ``vfpclassps`` does it.
     """
     mask_type = ir.VectorType(ir.IntType(1), count)
-    if count % 16 or not _has_avx512dq():
+    if count % 16 or not jit_target().avx512dq:
         fpclass = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(mask_type, [value.type, _I32]),
             f"llvm.is.fpclass.v{count}f32")
@@ -105,7 +99,8 @@ def _subnormal_lanes(builder, value, count):
 
 
 def _narrow_bf16_vector(builder, value, count):
-    """float32 vector -> bfloat16 bits: ``fptrunc``, unless a lane is subnormal.
+    """float32 vector -> bfloat16 bits: ``fptrunc`` where the target has AVX512-BF16,
+    unless a lane is subnormal; elsewhere the bit rounding of :func:`narrow_bf16`.
 
     ``fptrunc`` (``vcvtneps2bf16``) turns float32 subnormals into zeros; a vector with
     any subnormal lane takes the exact bit path. Checking the 16-bit results for
@@ -113,6 +108,8 @@ def _narrow_bf16_vector(builder, value, count):
     costs three. In L1, one thread: 4.7 Gelem/s with the zero check, 5.9 with fpclass
     (float16: 7.2).
     """
+    if not jit_target().bf16_native:
+        return narrow_bf16(builder, value, count)
     fast = builder.bitcast(builder.fptrunc(value, ir.VectorType(_BFloat(), count)),
                            ir.VectorType(_I16, count))
     flags = builder.bitcast(_subnormal_lanes(builder, value, count), ir.IntType(count))
