@@ -257,12 +257,17 @@ def cmd_info(args):
           f"numpy {np.__version__}, python {platform.python_version()}")
     print(f"machine: {platform.machine()}, threads: {numba.get_num_threads()}, "
           f"streaming stores: {'yes' if policy.streaming_supported() else 'no'}")
-    cpu = numba.config.CPU_NAME or binding.get_host_cpu_name()
-    features = binding.get_host_cpu_features()
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512bf16",
-              "avx512fp16", "amx-bf16")
-    print(f"numba targets: {cpu}; features: "
-          + ", ".join(f for f in wanted if features.get(f, False)))
+    from normkernels.kernels.target import jit_target
+
+    target = jit_target()
+    host = binding.get_host_cpu_name()
+    print(f"kernels built for: {target.cpu}"
+          + ("" if target.cpu == host else f" (host CPU: {host}; NUMBA_CPU_NAME)")
+          + ("" if target.features else ", features of the CPU name (NUMBA_CPU_FEATURES empty)"))
+    print("target features used: " + (", ".join(target.features_shown()) or "none of "
+                                       "avx2, f16c, avx512f, avx512dq, avx512bf16"))
+    for dtype, how in target.conversions().items():
+        print(f"{dtype} conversions (narrow / widen): {how}")
     try:
         # the layer is known once a parallel kernel has run
         from normkernels.kernels.scale_shift import scale_shift_periodic_parallel
@@ -277,11 +282,13 @@ def cmd_info(args):
     return 0
 
 
-def warmup_calls():
+def warmup_calls(dtypes=None, fill=None):
     """(dtype, operator, case, path, call) for every warmup case of every operator in
-    :data:`normkernels.operators.OPERATORS`, in every dtype the operator takes. Shapes
-    marked ``per_thread`` get two planes per thread, so the fused kernels (which need
-    at least twice as many planes as threads) are the ones compiled at any thread count."""
+    :data:`normkernels.operators.OPERATORS`, in every dtype the operator takes (of
+    ``dtypes``, names; default all). Shapes marked ``per_thread`` get two planes per
+    thread, so the fused kernels (which need at least twice as many planes as threads)
+    are the ones compiled at any thread count. X is zeros, or ``fill(rng, shape,
+    dtype)``."""
     import numba
     import numpy as np
 
@@ -291,12 +298,14 @@ def warmup_calls():
     rng = np.random.default_rng(0)
     calls = []
     for name, dtype in DTYPES.items():
+        if dtypes is not None and name not in dtypes:
+            continue
         for op in OPERATORS.values():
             for case in op.warmup if name in op.dtypes else ():
                 shape = case.ncx_shape
                 if case.per_thread:
                     shape = (shape[0] * threads, *shape[1:])
-                ncx = np.zeros(shape, dtype)
+                ncx = np.zeros(shape, dtype) if fill is None else fill(rng, shape, dtype)
                 X = np.moveaxis(ncx, 1, -1).copy() if case.data_format == "NXC" else ncx
                 axis = X.ndim - 1 if case.data_format == "NXC" and X.ndim > 2 else 1
                 params = op.params(rng, op.columns(shape), dtype, X.shape, case.mode, X, axis)
