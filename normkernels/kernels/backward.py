@@ -25,11 +25,19 @@ from numba import njit, prange
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
+from normkernels.kernels.lanes import (
+    deviations,
+    lane_count,
+    lane_sum,
+    load_lanes,
+    paired_sums,
+    shifted_sums,
+    zeros,
+)
 from normkernels.kernels.lp import store_rounded
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
-    MOMENTS_OPTIONS,
     VECTOR_BYTES,
 )
 from normkernels.kernels.scale_shift import _elements_to_alignment
@@ -55,17 +63,10 @@ ROW_ITEM_ELEMENTS = 1 << 14  # row backward: elements per work item at least (ab
 
 # --- the reduction ---
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def _span_sums(x, dy, mu):
-    """``(sum dy, sum dy * (x - mu))`` of two slices in float64. Compiled apart (not
-    inlined) so its reassociation (vectorised sums) stays inside it."""
-    s1 = 0.0
-    s2 = 0.0
-    for i in range(x.size):
-        g = np.float64(load(dy, i))
-        s1 += g
-        s2 += g * (np.float64(load(x, i)) - mu)
-    return s1, s2
+    """``(sum dy, sum dy * (x - mu))`` of two slices in float64."""
+    return paired_sums(x, dy, mu)[2:]
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -97,23 +98,11 @@ def merge_plane_sums(part1, part2, C, S, total1, total2):
         total2[c] = t2
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def _span_four(x, dy, shift):
     """``(sum d, sum d^2, sum dy, sum dy * d)`` with ``d = x - shift``, float64, in one
-    pass over both slices. Compiled apart (vectorised sums; ``_deviation`` keeps LLVM
-    from turning the shifted sums into unshifted ones)."""
-    s1 = 0.0
-    s2 = 0.0
-    s3 = 0.0
-    s4 = 0.0
-    for i in range(x.size):
-        d = _deviation(x, i, shift)
-        g = np.float64(load(dy, i))
-        s1 += d
-        s2 += d * d
-        s3 += g
-        s4 += g * d
-    return s1, s2, s3, s4
+    pass over both slices."""
+    return paired_sums(x, dy, shift)
 
 
 @njit(**KERNEL_OPTIONS)
@@ -147,7 +136,7 @@ def _chunk_moment_sums(x, dy):
     return mean, m2, t1, t2 - (mean - ref) * t1
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def plane_moment_sums(x, dy, S, part_mean, part_m2, part1, part2):
     """The reduction that also finds the statistics (instance and group normalization):
     per (plane, chunk) the chunk's ``(mean, M2)`` and ``(sum dy, sum dy * (x - mean))``
@@ -202,7 +191,7 @@ def _row_item(item, n_tiles, P, rows_per_block, n_rows):
     return blk, j0, min(P, j0 + COLUMN_TILE), first, min(n_rows, first + rows_per_block)
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
     """Partials per (row block, column) of rows of ``P`` columns; ``mu[j]`` is the mean
     of column ``j``'s channel. Work items are (row block, tile of COLUMN_TILE columns);
@@ -249,7 +238,7 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
         part2[blk, j0:j1] = s2
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
     """:func:`plane_moment_sums` for rows of ``P`` columns (channels-last samples): per
     (row block, column) the block's column ``(mean, M2)`` by two passes (the block,
@@ -445,34 +434,44 @@ def apply_rows_streaming(x, dy, dx, P, rows_per_block, m, a, b, k):
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)
 plane_sums_serial = serial_twin(plane_sums, **KERNEL_OPTIONS)
-plane_moment_sums_serial = serial_twin(plane_moment_sums, **MOMENTS_OPTIONS)
-row_sums_serial = serial_twin(row_sums, **MOMENTS_OPTIONS)
-row_moment_sums_serial = serial_twin(row_moment_sums, **MOMENTS_OPTIONS)
+plane_moment_sums_serial = serial_twin(plane_moment_sums, **KERNEL_OPTIONS)
+row_sums_serial = serial_twin(row_sums, **KERNEL_OPTIONS)
+row_moment_sums_serial = serial_twin(row_moment_sums, **KERNEL_OPTIONS)
 apply_planes_serial = serial_twin(apply_planes, **KERNEL_OPTIONS)
 apply_rows_serial = serial_twin(apply_rows, **KERNEL_OPTIONS)
 
 
 # --- row normalizations (LayerNorm, RMSNorm): statistics per row, parameters per column ---
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def _row_sum(x):
-    """``sum(x)`` in float64 (vectorised: compiled apart with reassociation)."""
-    total = 0.0
-    for j in range(x.size):
-        total += np.float64(load(x, j))
-    return total
+    """``sum(x)`` in float64."""
+    return shifted_sums(x, 0.0)[0]
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def _row_moments(x, dy, gamma, mean):
     """``(sum d^2, sum g, sum g d)`` with ``d = x - mean``, ``g = dy * gamma``, float64,
-    vectorised."""
-    q = 0.0
-    sg = 0.0
-    sgx = 0.0
-    for j in range(x.size):
-        d = np.float64(load(x, j)) - mean
-        g = np.float64(load(dy, j)) * gamma[j]
+    in lanes (:mod:`normkernels.kernels.lanes`), then the tail in order."""
+    n = x.size
+    count = lane_count(mean)
+    a1 = zeros(mean)
+    a2 = zeros(mean)
+    a3 = zeros(mean)
+    j = 0
+    while j + count <= n:
+        d = deviations(x, j, mean)
+        g = load_lanes(dy, j, mean) * load_lanes(gamma, j, mean)
+        a1 = a1 + d * d
+        a2 = a2 + g
+        a3 = a3 + g * d
+        j += count
+    q = lane_sum(a1)
+    sg = lane_sum(a2)
+    sgx = lane_sum(a3)
+    for k in range(j, n):
+        d = np.float64(load(x, k)) - mean
+        g = np.float64(load(dy, k)) * gamma[k]
         q += d * d
         sg += g
         sgx += g * d

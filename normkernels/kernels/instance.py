@@ -33,7 +33,6 @@ from normkernels.kernels.options import (
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
     MIN_PLANE,
-    MOMENTS_OPTIONS,
 )
 from normkernels.kernels.scale_shift import (
     planes_range,
@@ -46,17 +45,16 @@ from normkernels.kernels.scale_shift import (
     vector_one,
     vector_split,
 )
-from normkernels.kernels.statistics import PLANE_CHUNK, chan_merge, chunk_moments, difference
+from normkernels.kernels.statistics import PLANE_CHUNK, chan_merge, chunk_moments
 
 _INLINE = INLINE_OPTIONS
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def plane_statistics(x):
     """(mean, M2) of one plane: chunks of PLANE_CHUNK reduced as
     :func:`normkernels.kernels.statistics.plane_partials` does, merged in order as
-    :func:`normkernels.kernels.statistics.merge_planes` does. Compiled apart (not
-    inlined) so the caller's strict floating point does not apply to it."""
+    :func:`normkernels.kernels.statistics.merge_planes` does."""
     n, mu, q = 0, 0.0, 0.0
     for lo in range(0, x.size, PLANE_CHUNK):
         hi = min(x.size, lo + PLANE_CHUNK)
@@ -135,7 +133,7 @@ def fold_planes(C, Cg, count, scale, B, epsilon, mean, m2, m, a, b):
         _fold_group(g, C, Cg, count, scale, B, epsilon, mean[g], m2[g], m, a, b)
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def merge_sample_rows(part_mean, part_m2, Cg, rows_per_sample, rows_per_block, mean, m2):
     """Per-(n, group) (mean, M2) from :func:`~normkernels.kernels.statistics.row_partials`
     run with one sample per n and ``P = C`` columns, groups of ``Cg`` consecutive
@@ -157,7 +155,7 @@ def merge_sample_rows(part_mean, part_m2, Cg, rows_per_sample, rows_per_block, m
         for k in range(blocks_per_sample):
             size = min(rows_per_block, rows_per_sample - k * rows_per_block)
             for c in range(c0, c0 + Cg):
-                total += size * difference(part_mean[first + k, c], shift)
+                total += size * (part_mean[first + k, c] - shift)
         mu = shift + total / count
         q = 0.0
         for k in range(blocks_per_sample):
@@ -187,5 +185,5 @@ def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b):
 
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)
-merge_sample_rows_serial = serial_twin(merge_sample_rows, **MOMENTS_OPTIONS)
+merge_sample_rows_serial = serial_twin(merge_sample_rows, **KERNEL_OPTIONS)
 normalize_rows_serial = serial_twin(normalize_rows, **KERNEL_OPTIONS)

@@ -37,10 +37,10 @@ from numba.core.extending import intrinsic, overload
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
+from normkernels.kernels.lanes import absolute_sum, shifted_sums
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
-    MOMENTS_OPTIONS,
     SHORT_ROW,
 )
 
@@ -138,21 +138,14 @@ def _quotient_impl(arr, v, r, inv):
 # --- per vector: the sum, the fold, the scale ---
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def _sum(x, o, n, p):
-    """``sum |x|`` (p = 1) or ``sum x**2`` of ``x[o:o+n]`` in float64. Compiled apart
-    (not inlined) so its reassociation (a vectorised sum) stays here; the slice is
-    indexed from 0 (with offsets LLVM did not vectorise, see kernels/rows.py)."""
+    """``sum |x|`` (p = 1) or ``sum x**2`` of ``x[o:o+n]`` in float64, in lanes
+    (:mod:`normkernels.kernels.lanes`)."""
     xs = x[o:o + n]
-    total = 0.0
     if p == 1:
-        for i in range(n):
-            total += abs(np.float64(load(xs, i)))
-    else:
-        for i in range(n):
-            v = np.float64(load(xs, i))
-            total += v * v
-    return total
+        return absolute_sum(xs)
+    return shifted_sums(xs, 0.0)[1]
 
 
 @njit(**_INLINE)

@@ -1,15 +1,15 @@
 """Compile options and vector geometry shared by every kernel, set in one place.
 
-No fast-math for elementwise kernels: NaN and Inf must propagate, and FMA contraction
-would make the vector and scalar paths round differently. Reductions may reassociate
-(vectorised sums) and contract (FMA): their result then depends on the machine's
-vector width, never on the thread count; NaN and Inf still propagate.
+No fast-math anywhere: NaN and Inf must propagate, FMA contraction would make the
+vector and scalar paths round differently, and a reduction LLVM vectorises by
+reassociation sums in an order set by the target's vector width, and contracts only
+where the target has FMA (other bits on every CPU). Reductions fix their order in the
+source instead, with the lane vectors of :mod:`normkernels.kernels.lanes`: the same
+bits on every target and for any thread count.
 """
 
 KERNEL_OPTIONS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 INLINE_OPTIONS = dict(KERNEL_OPTIONS, inline="always")
-MOMENTS_OPTIONS = dict(KERNEL_OPTIONS, fastmath={"reassoc", "contract"})
-MOMENTS_INLINE_OPTIONS = dict(MOMENTS_OPTIONS, inline="always")
 
 # Every vector operation of the kernels handles 64 bytes (one cache line, one
 # AVX-512 register): 16 float32, 8 float64 or 32 16-bit elements.

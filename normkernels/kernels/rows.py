@@ -37,70 +37,69 @@ the choice (which depends on the thread count) never changes a bit.
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.core.extending import overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import item_bytes, load, row_compute_empty, row_load, store
+from normkernels.kernels.lanes import shifted_sums
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
-    MOMENTS_OPTIONS,
     SHORT_ROW,
     VECTOR_BYTES,
 )
 from normkernels.kernels.scale_shift import store_fence
-from normkernels.kernels.statistics import NARROW_RUN, PLANE_CHUNK, _span_narrow, chan_merge
+from normkernels.kernels.statistics import NARROW_RUN, PLANE_CHUNK, chan_merge, narrow_span
 from normkernels.kernels.vectors import stream_normalize_row, vector_normalize_row
 
 _INLINE = INLINE_OPTIONS
 BLOCK_ELEMENTS = 1 << 15  # rows reduced, folded and normalized together (in L2)
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def _wide_moments(xs):
-    """(mean, M2) by two float64 passes (vectorised: reductions may reassociate)."""
-    n = xs.size
-    total = 0.0
-    for i in range(n):
-        total += np.float64(load(xs, i))
-    mean = total / n
-    q = 0.0
-    for i in range(n):
-        d = np.float64(load(xs, i)) - mean
-        q += d * d
-    return mean, q
+    """(mean, M2) by two float64 passes."""
+    mean = shifted_sums(xs, 0.0)[0] / xs.size
+    return mean, shifted_sums(xs, mean)[1]
 
 
-@njit(**MOMENTS_OPTIONS)
-def _narrow_squares(xs):
-    """``(ok, sum of squares)`` in float32 runs joined in float64; not ``ok`` when
-    not finite (squares beyond float32's range too)."""
+@njit(**KERNEL_OPTIONS)
+def _span_squares(xs):
+    """``(ok, sum of squares)`` of 16-bit ``xs`` in float32 runs joined in float64;
+    not ``ok`` when not finite (squares beyond float32's range too)."""
     total = 0.0
     for lo in range(0, xs.size, NARROW_RUN):
-        run = xs[lo:min(xs.size, lo + NARROW_RUN)]
-        r = np.float32(0.0)
-        for i in range(run.size):
-            v = load(run, i)
-            r += v * v
-        total += np.float64(r)
+        total += np.float64(shifted_sums(xs[lo:min(xs.size, lo + NARROW_RUN)],
+                                         np.float32(0.0))[1])
     return math.isfinite(total), total
 
 
-@njit(**MOMENTS_OPTIONS)
+def _narrow_squares(xs):
+    """:func:`_span_squares` for 16-bit X, ``(False, 0)`` for other dtypes, chosen by
+    type when a kernel compiles (as ``statistics._narrow_span``); ``@njit`` only."""
+    raise NotImplementedError("_narrow_squares is only callable from @njit code")
+
+
+@overload(_narrow_squares, jit_options={k: v for k, v in KERNEL_OPTIONS.items()
+                                        if k in ("error_model", "boundscheck")})
+def _narrow_squares_impl(xs):
+    if isinstance(xs, types.Array) and xs.dtype.bitwidth == 16:
+        return lambda xs: _span_squares(xs)
+    return lambda xs: (False, 0.0)
+
+
+@njit(**KERNEL_OPTIONS)
 def _wide_squares(xs):
-    total = 0.0
-    for i in range(xs.size):
-        v = np.float64(load(xs, i))
-        total += v * v
-    return total
+    return shifted_sums(xs, 0.0)[1]
 
 
 # The reductions slice once per call and index the slice from 0: with ``x[o + i]``
 # Numba wraps negative indices and LLVM did not vectorise (10x slower).
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def chunk_moments(x, o, n):
     """(mean, M2) of ``x[o:o+n]``: float32 arithmetic (``statistics._span_narrow``:
     shifted sums in float32 runs joined in float64, float64 passes where they cancel or
@@ -109,22 +108,20 @@ def chunk_moments(x, o, n):
     and float64 X (float32 runs gained 5% there and cost the float64 accuracy) or
     where float32 overflows."""
     xs = x[o:o + n]
-    if item_bytes(xs) == 2:
-        ok, mean, q = _span_narrow(xs)  # the other statistics' 16-bit path
-        if ok:
-            return mean, q
+    ok, mean, q = narrow_span(xs)  # the other statistics' 16-bit path
+    if ok:
+        return mean, q
     return _wide_moments(xs)
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def chunk_squares(x, o, n):
     """Sum of squares of ``x[o:o+n]``: float32 runs for 16-bit X (as
     :func:`chunk_moments`), else float64, or float64 where float32 overflows."""
     xs = x[o:o + n]
-    if item_bytes(xs) == 2:
-        ok, total = _narrow_squares(xs)
-        if ok:
-            return total
+    ok, total = _narrow_squares(xs)
+    if ok:
+        return total
     return _wide_squares(xs)
 
 
@@ -324,7 +321,7 @@ def rows_streaming(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, 
         store_fence()
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def moment_partials(x, xr, K, part_mean, part_m2):
     """(mean, M2) of every (row, chunk of ``PLANE_CHUNK``): ``part_*[r, k]``."""
     chunks = part_mean.shape[1]
@@ -335,7 +332,7 @@ def moment_partials(x, xr, K, part_mean, part_m2):
         part_mean[r, k], part_m2[r, k] = chunk_moments(x, r * xr + lo, min(K - lo, PLANE_CHUNK))
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def square_partials(x, xr, K, part):
     """Sum of squares of every (row, chunk of ``PLANE_CHUNK``): ``part[r, k]``."""
     chunks = part.shape[1]

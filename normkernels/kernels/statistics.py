@@ -32,10 +32,11 @@ from numba.core.extending import overload
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
-from normkernels.kernels.options import KERNEL_OPTIONS, MOMENTS_INLINE_OPTIONS, MOMENTS_OPTIONS
+from normkernels.kernels.lanes import shifted_sums
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.vectors import prefetch
 
-_INLINE = MOMENTS_INLINE_OPTIONS
+_INLINE = INLINE_OPTIONS
 
 SUB_BLOCK = 4096  # elements reduced at a time (two passes, when needed, in L1)
 NARROW_RUN = 256  # 16-bit X: elements summed in float32 before joining float64 sums
@@ -65,18 +66,10 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
     return n, mean, m2
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**_INLINE)
 def _deviation(x, i, shift):
-    """``x[i] - shift`` in float64, compiled without fast-math: LLVM inlines it but
-    may not reassociate across it. With ``reassoc`` on the subtraction too, LLVM
-    turned the shifted sum into ``sum(x) - n * shift`` (1e-9 relative errors)."""
+    """``x[i] - shift`` in float64."""
     return np.float64(load(x, i)) - shift
-
-
-@njit(**KERNEL_OPTIONS)
-def difference(a, b):
-    """``a - b`` without fast-math (see :func:`_deviation`)."""
-    return a - b
 
 
 @njit(**_INLINE)
@@ -85,21 +78,8 @@ def _span_two_pass(x):
     shift = np.float64(load(x, 0))
     if not math.isfinite(shift):  # x - inf would turn an infinite mean into NaN
         shift = 0.0
-    total = 0.0
-    for i in range(x.size):
-        total += _deviation(x, i, shift)
-    mean = shift + total / x.size
-    m2 = 0.0
-    for i in range(x.size):
-        d = np.float64(load(x, i)) - mean
-        m2 += d * d
-    return mean, m2
-
-
-@njit(**KERNEL_OPTIONS)
-def _narrow_deviation(x, i, shift):
-    """``x[i] - shift`` in float32 (16-bit X), without fast-math (see :func:`_deviation`)."""
-    return load(x, i) - shift
+    mean = shift + shifted_sums(x, shift)[0] / x.size
+    return mean, shifted_sums(x, mean)[1]
 
 
 @njit(**_INLINE)
@@ -109,8 +89,8 @@ def _span_narrow(x):
     of NARROW_RUN elements in float32, joined in float64. Twice as fast as the float64
     path (docs/design.md), which 16-bit X needs: it has twice the elements per byte.
 
-    Error: each deviation and square is rounded once to float32 and each run sums a
-    few terms per vector lane, so M2 is within a few float32 ulps (relative); the
+    Error: each deviation and square is rounded once to float32 and each run sums
+    NARROW_RUN / LANES32 terms per lane, so M2 is within a few float32 ulps (relative); the
     one-pass correction may amplify that at most 1 / (1 - NARROW_CANCELLATION_LIMIT)
     times. ``ok`` is False (the caller then takes the float64 path) when the
     correction cancels more, and when a sum is not finite (NaN or Inf in X, or a
@@ -124,13 +104,7 @@ def _span_narrow(x):
     s1 = 0.0
     s2 = 0.0
     for lo in range(0, x.size, NARROW_RUN):
-        run = x[lo:min(x.size, lo + NARROW_RUN)]
-        r1 = np.float32(0.0)
-        r2 = np.float32(0.0)
-        for i in range(run.size):
-            d = _narrow_deviation(run, i, shift)
-            r1 += d
-            r2 += d * d
+        r1, r2 = shifted_sums(x[lo:min(x.size, lo + NARROW_RUN)], shift)
         s1 += np.float64(r1)
         s2 += np.float64(r2)
     correction = s1 * s1 / x.size
@@ -138,16 +112,16 @@ def _span_narrow(x):
     return ok, np.float64(shift) + s1 / x.size, s2 - correction
 
 
-def _narrow_span(x):
+def narrow_span(x):
     """``(ok, mean, M2)`` by :func:`_span_narrow` for 16-bit X, ``(False, 0, 0)``
     for other dtypes, chosen by type when a kernel compiles: the float32/float64
     kernels then never compile the narrow path (plane_partials compiled in 1.1 s
     instead of 2.1 s for float32). Only callable from @njit code."""
-    raise NotImplementedError("_narrow_span is only callable from @njit code")
+    raise NotImplementedError("narrow_span is only callable from @njit code")
 
 
-@overload(_narrow_span, jit_options={k: v for k, v in MOMENTS_OPTIONS.items()
-                                     if k in ("fastmath", "error_model", "boundscheck")})
+@overload(narrow_span, jit_options={k: v for k, v in KERNEL_OPTIONS.items()
+                                     if k in ("error_model", "boundscheck")})
 def _narrow_span_impl(x):
     if isinstance(x, types.Array) and x.dtype.bitwidth == 16:
         return lambda x: _span_narrow(x)
@@ -163,19 +137,14 @@ def _span(x):
     ``x[0]`` is ``k`` standard deviations from the mean; past k of about 5.6 (an
     outlier first) the slice is redone with two passes. A constant slice gives its
     value as mean and M2 = 0 exactly. One pass is the faster (docs/design.md). 16-bit
-    X goes through :func:`_span_narrow` first (:func:`_narrow_span` selects it by
+    X goes through :func:`_span_narrow` first (:func:`narrow_span` selects it by
     type).
     """
-    ok, mean, m2 = _narrow_span(x)
+    ok, mean, m2 = narrow_span(x)
     if ok:
         return mean, m2
     shift = np.float64(load(x, 0))
-    s1 = 0.0
-    s2 = 0.0
-    for i in range(x.size):
-        d = _deviation(x, i, shift)
-        s1 += d
-        s2 += d * d
+    s1, s2 = shifted_sums(x, shift)
     correction = s1 * s1 / x.size
     if correction <= s2 * CANCELLATION_LIMIT:
         return shift + s1 / x.size, s2 - correction
@@ -193,7 +162,7 @@ def chunk_moments(x):
     return mean, m2
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def plane_partials(x, S, part_mean, part_m2):
     """Partials of every (plane, chunk): ``part_*[p * chunks + k]`` for chunk ``k``
     of plane ``p`` (``chunks = ceil(S / PLANE_CHUNK)``)."""
@@ -206,7 +175,7 @@ def plane_partials(x, S, part_mean, part_m2):
         part_mean[item], part_m2[item] = chunk_moments(x[lo:hi])
 
 
-@njit(**MOMENTS_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def merge_planes(part_mean, part_m2, C, S, count, mean, m2):
     """Merge plane partials into per-channel (count, mean, M2), planes in order. One
     thread: short planes with many rows go to the rows kernel, so there are few
@@ -248,7 +217,7 @@ def _rows_two_pass(x, P, first, last, j0, mean, m2):
             m2[j] += d * d
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
     """Partials per (row block, column): X is viewed as rows of ``P`` grouped into
     samples of ``rows_per_sample`` rows, each sample cut into blocks of
@@ -318,7 +287,7 @@ def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
             _rows_two_pass(x, P, first, last, j0, mean, m2)
 
 
-@njit(parallel=True, **MOMENTS_OPTIONS)
+@njit(parallel=True, **KERNEL_OPTIONS)
 def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2):
     """Merge row partials into the per-channel (count, mean, M2) given, in parallel
     over channels. A channel's groups (row block, column), visited in a fixed order,
@@ -338,7 +307,7 @@ def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2
             for j0 in range(c * S, P, period):
                 for j in range(j0, j0 + S):
                     n += size
-                    total += size * difference(part_mean[b, j], shift)
+                    total += size * (part_mean[b, j] - shift)
         mu = shift + total / n
         q = 0.0
         for b in range(n_blocks):
@@ -351,6 +320,6 @@ def merge_rows(part_mean, part_m2, n_rows, rows_per_block, C, S, count, mean, m2
 
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)
-plane_partials_serial = serial_twin(plane_partials, **MOMENTS_OPTIONS)
-row_partials_serial = serial_twin(row_partials, **MOMENTS_OPTIONS)
-merge_rows_serial = serial_twin(merge_rows, **MOMENTS_OPTIONS)
+plane_partials_serial = serial_twin(plane_partials, **KERNEL_OPTIONS)
+row_partials_serial = serial_twin(row_partials, **KERNEL_OPTIONS)
+merge_rows_serial = serial_twin(merge_rows, **KERNEL_OPTIONS)
