@@ -4,7 +4,9 @@ serial, parallel and streaming paths) at float16, bfloat16 and float32 on random
 data, and the 16-bit conversions over a structured sample of float32 bit patterns.
 Writes every result to an .npz file, for a bit-for-bit comparison between targets.
 
-    python tests/portable_run.py OUT.npz
+    python tests/portable_run.py OUT.npz [OPERATOR,...]
+
+With operator names, only their cases at float16 and bfloat16 (a quick run).
 """
 
 import sys
@@ -116,12 +118,16 @@ def flatten(result):
     return [np.asarray(result)]
 
 
-def main(out):
+def main(out, only=None):
     from normkernels.cli import warmup_calls
     from normkernels.kernels.target import jit_target
 
-    results = {f"conversion/{k}": v for k, v in conversions(conversion_sample()).items()}
-    for dtype, op, case, path, call in warmup_calls(DTYPES, fill):
+    results = {}
+    if only is None:
+        results = {f"conversion/{k}": v for k, v in conversions(conversion_sample()).items()}
+    for dtype, op, case, path, call in warmup_calls(DTYPES if only is None else DTYPES[:2], fill):
+        if only is not None and op.name not in only:
+            continue
         for k, a in enumerate(flatten(call())):
             results[f"{dtype}/{op.name}/{case.label}/{case.mode}/{case.data_format}/"
                     f"{path}/{k}"] = a
@@ -132,4 +138,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else None)

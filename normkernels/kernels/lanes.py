@@ -26,6 +26,7 @@ import operator
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.core.extending import intrinsic, models, overload, register_model
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
@@ -305,7 +306,9 @@ def absolute(typingctx, a):
 
     def codegen(context, builder, sig, args):
         vty = args[0].type
-        fabs = builder.module.declare_intrinsic("llvm.fabs", [vty])
+        suffix = f"v{vty.count}f{64 if vty.element == _F64 else 32}"
+        fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty]),
+                                              f"llvm.fabs.{suffix}")
         return builder.call(fabs, [args[0]])
 
     return a(a), codegen
