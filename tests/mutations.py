@@ -89,6 +89,9 @@ DASK = "normkernels/dask.py"
 BWD_SPEC = "normkernels/ops/backward.py"
 BWD_K = "normkernels/kernels/backward.py"
 BACKWARD = ["tests/test_backward.py"]
+LANES = "normkernels/kernels/lanes.py"
+TARGET = "normkernels/kernels/target.py"
+PORTABLE = ["tests/test_portable.py"]
 
 # bfloat16 narrowing: scalar bits path without the rounding bias, and the vector
 # bodies sent to that path instead of fptrunc
@@ -131,15 +134,16 @@ MUTATIONS = [
              ["tests/test_kernels.py", "-k", "subnormal"]),
     mutation("per-sample-parameters-mixed", "NXC instance norm, one call per sample: every "
              "sample normalized with sample 0's parameters", [
-                 (ENGINE, "cs = slice(n * C, (n + 1) * C)", "cs = slice(0, C)")], INSTANCE),
+                 (ENGINE, "cs, gs = slice(n * C, (n + 1) * C), slice(n * G, (n + 1) * G)",
+                  "cs, gs = slice(0, C), slice(n * G, (n + 1) * G)")], INSTANCE),
     mutation("rows-sample-parameters-mixed", "NXC instance norm, one launch: every sample "
              "with sample 0's parameters", [
                  (INSTANCE_K, "        mn = m[n * C:(n + 1) * C]\n", "        mn = m[0:C]\n")],
              INSTANCE),
     mutation("fused-plane-channel", "fused instance norm takes plane p's scale/B from "
              "channel p // N instead of p % C", [
-                 (INSTANCE_K, "    c = p % C\n    fold_one(",
-                  "    c = p // (mean.size // C)\n    fold_one(")], INSTANCE),
+                 (INSTANCE_K, "        c = p % C\n        fold_one(",
+                  "        c = p // (m.size // C)\n        fold_one(")], INSTANCE),
     mutation("epsilon-dropped/inference", "inference folds a = scale / sqrt(var)", [
         (INFERENCE_K, "math.sqrt(np.float64(load(var, c)) + epsilon)",
          "math.sqrt(np.float64(load(var, c)))")], BN),
@@ -270,8 +274,10 @@ MUTATIONS = [
              ["tests/test_reliability.py", "-k", "threading_layer and workqueue"]),
     mutation("statistics-path-ignored", "the statistics run their parallel kernels on the "
              "serial path (in a forked child too)", [
-                 (ENGINE, 'path = "serial" if policy.resolve_path(xs, path) == "serial" '
-                  'else "parallel"', 'path = "parallel"')],
+                 (ENGINE, '            S = xs.size  # one channel: the whole tensor is one plane\n'
+                  '        path = "serial" if policy.resolve_path(xs, path) == "serial" '
+                  'else "parallel"', '            S = xs.size  # one channel: the whole tensor '
+                  'is one plane\n        path = "parallel"')],
              ["tests/test_paths.py", "-k", "moments"]),
     mutation("twin-fold-epsilon", "the NumPy twin folds a = scale / sqrt(var), without "
              "epsilon", [
@@ -291,10 +297,9 @@ MUTATIONS = [
              ["tests/test_rows.py"]),
     mutation("one-pass-variance/rows", "row variance as E[x^2] - E[x]^2 (the function "
              "body's formula)", [
-                 (ROWS_K, "        d = np.float64(load(xs, i)) - mean\n        q += d * d\n"
-                  "    return mean, q\n",
-                  "        v = np.float64(load(xs, i))\n        q += v * v\n"
-                  "    return mean, q - n * mean * mean\n")], ["tests/test_rows.py"]),
+                 (ROWS_K, "    return mean, shifted_sums(xs, mean)[1]\n",
+                  "    return mean, shifted_sums(xs, 0.0)[1] - xs.size * mean * mean\n")],
+             ["tests/test_rows.py"]),
     mutation("columns-at-row-offset/rows", "the row vector reads the column tables at the "
              "element's offset in X instead of its column", [
                  (VECTORS, "sig.args[k], args[k], j),", "sig.args[k], args[k], xi),")], ROWS),
@@ -360,8 +365,40 @@ MUTATIONS = [
                  (MVN_SPEC, "b = np.where(np.isfinite(m), 0.0 - residual, 0.0).astype(cd)",
                   "b = np.zeros(mean.shape, cd)")], MVN),
     mutation("abs-dropped/lp", "LpNormalization p = 1 sums x, not |x| (the ONNX reference's "
-             "bug)", [(LP_K, "            total += abs(np.float64(load(xs, i)))",
-                       "            total += np.float64(load(xs, i))")], LP),
+             "bug)", [(LANES, "        acc = acc + absolute(load_lanes(x, i, 0.0))",
+                       "        acc = acc + load_lanes(x, i, 0.0)"),
+                      (LANES, "        total += abs(np.float64(load(x, k)))",
+                       "        total += np.float64(load(x, k))")], LP),
+    mutation("f16-bits-round-half-up", "float16 narrowing by integer bits (targets without "
+             "F16C) rounds ties up, not to even", [
+                 (ELEMENTS, "normal = builder.lshr(builder.add(rebiased, lsb), _splat(13, i32))",
+                  "normal = builder.lshr(builder.add(rebiased, _splat(1, i32)), _splat(13, i32))")],
+             PORTABLE),
+    mutation("f16-bits-subnormals-halved", "float16 widening by integer bits scales "
+             "subnormals by 2**-25", [
+                 (ELEMENTS, "_splat(2.0**-24, _vec(_F32, count))",
+                  "_splat(2.0**-25, _vec(_F32, count))")], PORTABLE),
+    mutation("f16-bits-nan-not-quiet", "float16 narrowing by integer bits keeps a signalling "
+             "NaN signalling (the instructions quiet it)", [
+                 (ELEMENTS, "_splat(0x3FF, i32)),\n                      _splat(0x7E00, i32))",
+                  "_splat(0x3FF, i32)),\n                      _splat(0x7C00, i32))")],
+             PORTABLE),
+    mutation("bf16-instruction-everywhere", "vcvtneps2bf16 emitted on x86 targets without "
+             "AVX512-BF16 (the abort of issue 26)", [
+                 (TARGET, '        return self.x86 and "avx512bf16" in self.found',
+                  "        return self.x86")], PORTABLE),
+    mutation("f16-instruction-everywhere", "LLVM's half conversions on targets without F16C "
+             "(compiler-rt calls the JIT cannot link)", [
+                 (TARGET, '        return {"f16_narrow", "f16_widen"} <= self.found',
+                  "        return True")], PORTABLE),
+    mutation("reduction-order-by-target", "the shifted sums reassociated by LLVM (fast-math): "
+             "their order follows the target's vector width", [
+                 (LANES, "@njit(**INLINE_OPTIONS)\ndef shifted_sums(x, shift):",
+                  '@njit(**dict(INLINE_OPTIONS, fastmath={"reassoc", "contract"}))\n'
+                  "def shifted_sums(x, shift):"),
+                 (LANES, "    while i + count <= n:\n        d = deviations(x, i, shift)\n"
+                  "        a1 = a1 + d\n        a2 = a2 + d * d\n        i += count\n",
+                  "    i = 0\n")], PORTABLE),
     mutation("no-rescale/lp", "LpNormalization: no rescaling of overflowed or underflowed "
              "float64 sums", [(LP_K, "    if total > HUGE or total < TINY:",
                                "    if total != total:")], LP),

@@ -173,3 +173,48 @@ def test_conversions_round_to_nearest_even_everywhere(runs):
                 assert wrong.size == 0, (
                     f"{name}: {kind} {key} of {wrong.size} values, e.g. "
                     f"{[(hex(source[i]), hex(have[i]), hex(want[i])) for i in wrong[:5]]}")
+
+
+@pytest.mark.parametrize(("cpu", "f16", "bf16", "dq", "avx"), [
+    ("generic", False, False, False, False),
+    ("x86-64-v2", False, False, False, False),
+    ("x86-64-v3", True, False, False, True),
+    ("x86-64-v4", True, False, True, True),  # AVX-512 without BF16: Skylake-SP to Ice Lake
+    ("skylake-avx512", True, False, True, True),
+    ("sapphirerapids", True, True, True, True),
+    ("znver4", True, True, True, True),
+])
+def test_the_probe_reads_what_each_target_has(cpu, f16, bf16, dq, avx):
+    """What LLVM emits for each x86-64 target, as kernels/target.py reads it (the
+    features of the CPU name: NUMBA_CPU_FEATURES empty)."""
+    from normkernels.kernels.target import probe
+
+    target = probe("x86_64-unknown-linux-gnu", cpu, "")
+    assert (target.f16_native, target.bf16_native, target.avx512dq, target.avx) == (
+        f16, bf16, dq, avx)
+    assert ("integer bits" in target.conversions()["float16"]) == (not f16)
+    assert ("vcvtneps2bf16" in target.conversions()["bfloat16"]) == bf16
+
+
+def test_the_probe_follows_an_explicit_feature_list():
+    """A host whose hypervisor hides AVX-512 behind a CPU name that has it: the feature
+    list decides, not the name."""
+    from normkernels.kernels.target import probe
+
+    hidden = probe("x86_64-unknown-linux-gnu", "znver4",
+                   "-avx512f,-avx512bw,-avx512dq,-avx512vl,-avx512bf16,-avx512cd,-avx512vnni,"
+                   "-avx512vbmi,-avx512vbmi2,-avx512bitalg,-avx512vpopcntdq,-avx512ifma")
+    assert hidden.f16_native and not hidden.bf16_native and not hidden.avx512dq
+    assert "avx512f" not in hidden.features_shown()
+
+
+def test_info_prints_the_target_and_the_conversion_paths(capsys):
+    from normkernels import cli
+    from normkernels.kernels.target import jit_target
+
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    target = jit_target()
+    assert f"kernels built for: {target.cpu}" in out
+    for dtype, how in target.conversions().items():
+        assert f"{dtype} conversions (narrow / widen): {how}" in out

@@ -115,6 +115,8 @@ def probe(triple, cpu, features):
     """A :class:`Target` for LLVM target (``triple``, ``cpu``, ``features``)."""
     from llvmlite import binding
 
+    binding.initialize_native_target()  # idempotent; Numba does it too
+    binding.initialize_native_asmprinter()
     machine = binding.Target.from_triple(triple).create_target_machine(
         cpu=cpu, features=features, opt=2)
     functions = [f"define {sig.replace('(', f'@{name}(', 1)} {{\n{body}\nret "
