@@ -109,7 +109,7 @@ def _uncached_asm(kernel, *args):
     return "\n".join(fresh.inspect_asm().values())
 
 
-@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64")
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
 def test_streaming_kernels_emit_non_temporal_stores(dtype):
     """LLVM has dropped the non-temporal hint before (16-bit stores folded into
@@ -124,7 +124,7 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
         (backward.apply_rows_streaming, (x, x.copy(), x.copy(), 256, 4, p, p, p, p)),
     ]:
         asm = _uncached_asm(kernel, *args)
-        assert re.search(r"\bvmovnt(ps|pd|dq)\b", asm), kernel.__name__
+        assert re.search(r"\bv?movnt(ps|pd|dq)\b", asm), kernel.__name__
         assert "sfence" in asm, kernel.__name__
 
 

@@ -281,7 +281,7 @@ def test_parameters_changed_in_place_are_read_again(rng):
     _check(Y, X, params, twin=reference.batch_normalization(X, *params))
 
 
-@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64")
 def test_policy_changes_apply_to_planned_calls(rng, monkeypatch):
     """The path is decided on every call, never stored in a plan."""
     taken = []

@@ -31,7 +31,7 @@ def test_machine_cache_size_is_sane():
     assert 256 << 10 <= size <= 4 << 30
 
 
-@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64")
 def test_streaming_only_beyond_the_cache(cache_of):
     y = np.empty(1 << 18, np.float32)  # 1 MB: X and Y together 2 MB
     cache_of(4 * MB)
@@ -41,7 +41,7 @@ def test_streaming_only_beyond_the_cache(cache_of):
     assert policy.choose_path(y[:1000]) == "serial"  # small stays serial whatever the cache
 
 
-@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64")
 @pytest.mark.parametrize("mode,expected", [("always", "streaming"), ("never", "parallel"),
                                            ("auto", "parallel"), (" Always ", "streaming")])
 def test_environment_override(cache_of, monkeypatch, mode, expected):
@@ -60,7 +60,7 @@ def test_bad_environment_value_names_the_variable(monkeypatch):
         nk.batch_normalization(X, p, p, p, p)
 
 
-@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64 AVX")
+@pytest.mark.skipif(not policy.streaming_supported(), reason="streaming needs x86-64")
 @pytest.mark.parametrize("mode,route", [("never", "scale_shift/planes/parallel"),
                                         ("always", "scale_shift/planes/streaming")])
 def test_public_call_follows_the_policy(rng, monkeypatch, mode, route):

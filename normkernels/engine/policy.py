@@ -126,11 +126,11 @@ def streaming_mode():
 
 
 def streaming_supported():
-    """Streaming stores need an x86-64 target with AVX (the kernels store 32-byte
-    pieces): the JIT's target, which ``NUMBA_CPU_NAME`` may set apart from the host."""
+    """Streaming stores need an x86-64 target (``movnt*`` and ``sfence``, SSE2: every
+    x86-64): the JIT's target, which ``NUMBA_CPU_NAME`` may set apart from the host."""
     from normkernels.kernels.target import jit_target
 
-    return jit_target().avx
+    return jit_target().x86
 
 
 def wants_streaming(nbytes, arrays=2):

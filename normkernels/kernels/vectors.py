@@ -190,8 +190,13 @@ def _store(context, builder, yty, y, index, value, nontemporal):
         builder.store(value, builder.bitcast(ptr, value.type.as_pointer()),
                       align=yty.dtype.bitwidth // 8)
         return
-    piece = ir.VectorType(_F64, 4) if yty.dtype == types.float64 else ir.VectorType(_F32, 8)
-    pieces = VECTOR_BYTES // 32
+    # 32-byte pieces (ymm) with AVX, 16-byte pieces (xmm: SSE2 movntps) without
+    piece_bytes = 32 if jit_target().avx else 16
+    if yty.dtype == types.float64:
+        piece = ir.VectorType(_F64, piece_bytes // 8)
+    else:
+        piece = ir.VectorType(_F32, piece_bytes // 4)
+    pieces = VECTOR_BYTES // piece_bytes
     value = builder.bitcast(value, ir.VectorType(piece.element, piece.count * pieces))
     ptr = builder.bitcast(ptr, piece.as_pointer())
     barrier = ir.InlineAsm(ir.FunctionType(piece, [piece]), "", "=x,0")
@@ -201,7 +206,8 @@ def _store(context, builder, yty, y, index, value, nontemporal):
         lanes = ir.Constant(ir.VectorType(_I32, piece.count),
                             [k * piece.count + j for j in range(piece.count)])
         part = builder.call(barrier, [builder.shuffle_vector(value, undef, lanes)])
-        store = builder.store(part, builder.gep(ptr, [ir.Constant(_I32, k)]), align=32)
+        store = builder.store(part, builder.gep(ptr, [ir.Constant(_I32, k)]),
+                              align=piece_bytes)
         store.set_metadata("nontemporal", hint)
 
 
