@@ -46,7 +46,7 @@ _SPECS = {api.batch_normalization: _bn.batch_normalization,
 
 def bind(function, *args, **kwargs):
     """See the module docstring and :func:`normkernels.bind`."""
-    if not callable(function) or getattr(function, "__module__", None) != api.__name__:
+    if not callable(function) or not _public(function):
         raise TypeError(f"bind: function must be a normkernels operator, got {function!r}")
     spec = _SPECS.get(function)
     if spec is not None:
@@ -61,6 +61,14 @@ def bind(function, *args, **kwargs):
                 return fast
     function(*args, **kwargs)  # the checks (and a first result), raising as the call does
     return lambda: function(*args, **kwargs)
+
+
+def _public(function):
+    """``function`` is one of the public operators (of any module of
+    :mod:`normkernels.api`): by identity, so a wrapper or a same-named function
+    elsewhere is not."""
+    name = getattr(function, "__name__", None)
+    return name in api.__all__ and getattr(api, name) is function
 
 
 def _fast(recorded, args, out, result):

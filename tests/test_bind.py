@@ -116,6 +116,22 @@ def test_errors_at_binding_and_at_the_call(rng):
         call()
 
 
+def test_functions_of_every_api_module_bind_and_only_they(rng):
+    """bind takes the public function of any family module of normkernels.api, and
+    refuses a function of the same name defined elsewhere."""
+    X = rng.normal(size=(4, 8)).astype(np.float32)
+    g = rng.normal(size=8).astype(np.float32)
+    for fn, args in [(nk.layer_normalization, (X, g)), (nk.rms_norm, (X, g)),
+                     (nk.lp_normalization, (X,))]:
+        assert_identical(nk.bind(fn, *args)(), fn(*args))
+
+    def batch_normalization(*args, **kwargs):
+        return nk.batch_normalization(*args, **kwargs)
+
+    with pytest.raises(TypeError, match="normkernels operator"):
+        nk.bind(batch_normalization, X, *_params(rng, 8))
+
+
 def test_other_operators_are_bound_as_plain_calls(rng):
     params = _params(rng, 5)
     X = rng.normal(size=SHAPE).astype(np.float32)

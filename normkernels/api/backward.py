@@ -1,0 +1,110 @@
+"""The gradients of the ONNX-style normalizations: batch, instance, group, layer and
+RMS normalization."""
+
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import backward as _bwd
+
+
+def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, epsilon=1e-5,
+                                 training=True, data_format="NCX", out=None):
+    """The gradient of BatchNormalization: ``(dX, dscale, dB)``.
+
+    Training (``training=True``): ``mean`` and ``var`` are the batch mean and
+    population variance the forward normalized with (``dX`` includes their dependence
+    on X). Inference (``training=False``): the running statistics, constants, so ``dX =
+    dY * scale / sqrt(var + epsilon)``.
+
+    Parameters
+    ----------
+    dY, X : ndarray
+        One shape and float dtype (f16, bf16, f32, f64); N x C x D1 ... Dn
+        (``data_format="NCX"``), N x D1 ... Dn x C (``"NXC"``) or 1-D (C = 1); any
+        strides (dY is read in X's memory order).
+    scale, mean : ndarray
+        Shape (C,), any float dtype.
+    var : ndarray, optional
+        Shape (C,): with ``epsilon``, ``r = 1 / sqrt(var + epsilon)`` (oneDNN's and
+        PyTorch's eval-mode convention).
+    inv_std : ndarray, optional
+        Shape (C,): ``r`` itself (PyTorch's ``save_invstd``, onnxruntime's saved inverse
+        standard deviation). Exactly one of ``var`` and ``inv_std``.
+    out : ndarray, optional
+        Where to write dX (X's shape and dtype); may be dY or X itself.
+
+    Returns
+    -------
+    dX : ndarray
+        X's shape, dtype and memory order.
+    dscale, dB : ndarray
+        Shape (C,), scale's dtype: ``sum(dY * x_hat)`` and ``sum(dY)`` per channel.
+
+    Notes
+    -----
+    One reduction over (X, dY) gives every channel's ``sum(dY)`` and ``sum(dY * (x -
+    mean))`` in float64, in an order that depends only on the shape (bitwise the same
+    for any thread count); one pass writes ``dX = dY * A + (x - mean) * B + K`` in
+    float32 (float64 for float64 X), rounded once.
+    """
+    return _bwd.batch_normalization_backward(dY, X, scale, mean, var, inv_std=inv_std,
+                                             epsilon=epsilon, training=training,
+                                             data_format=data_format, out=out, engine=ENGINE)
+
+
+def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, mean=None, inv_std=None,
+                                    data_format="NCX", out=None):
+    """The gradient of InstanceNormalization: ``(dX, dscale, dB)``.
+
+    The statistics of every (n, c) are recomputed from X (float64, as the forward's)
+    unless ``mean`` and ``inv_std`` (``1 / sqrt(var + epsilon)``), shape (N, C), give
+    them; ``dX`` includes their dependence on X. Arguments as
+    :func:`batch_normalization_backward` (X at least 3-D); ``dscale`` and ``dB`` sum
+    over n and the spatial axes, in scale's dtype.
+    """
+    return _bwd.instance_normalization_backward(dY, X, scale, epsilon=epsilon, mean=mean,
+                                                inv_std=inv_std, data_format=data_format,
+                                                out=out, engine=ENGINE)
+
+
+def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, mean=None,
+                                 inv_std=None, data_format="NCX", out=None):
+    """The gradient of GroupNormalization-21 (scale per channel): ``(dX, dscale, dB)``.
+
+    The statistics of every (n, group) are recomputed from X (float64) unless ``mean``
+    and ``inv_std`` give them (shape (N, num_groups), as PyTorch's ``mean``/``rstd``;
+    oneDNN's variance converts as ``1 / sqrt(variance + epsilon)``); ``dX`` includes
+    their dependence on X. Arguments as :func:`batch_normalization_backward` (X at least
+    2-D; ``num_groups`` must divide C); ``dscale`` and ``dB`` sum over n and the spatial
+    axes, in scale's dtype.
+    """
+    return _bwd.group_normalization_backward(dY, X, scale, num_groups=num_groups,
+                                             epsilon=epsilon, mean=mean, inv_std=inv_std,
+                                             data_format=data_format, out=out, engine=ENGINE)
+
+
+def layer_normalization_backward(dY, X, Scale, *, axis=-1, epsilon=1e-5, stash_type=1,
+                                 mean=None, inv_std=None, out=None):
+    """The gradient of LayerNormalization: ``(dX, dScale, dB)``.
+
+    Per row (the axes ``axis..``) the mean and variance are recomputed from X (float64,
+    two passes while the row is in cache); ``dX = r (g - <g> - x_hat <g x_hat>)`` with
+    ``g = dY * Scale`` is evaluated in float64 and rounded once to X's dtype. ``dScale``
+    and ``dB`` have Scale's shape and dtype (summed over every row, and over the axes
+    Scale is broadcast along). ``stash_type`` is checked as the forward checks it; the
+    arithmetic is float64 whatever its value. ``out``: dX's destination, may be dY.
+
+    ``mean`` and ``inv_std``: the forward's Mean and InvStdDev outputs (shape
+    ``X.shape[:axis]``, or followed by ones as ONNX gives them; any float dtype), used
+    instead of recomputing the statistics (both or neither; ``epsilon`` is then unused).
+    """
+    return _bwd.layer_normalization_backward(dY, X, Scale, axis=axis, epsilon=epsilon,
+                                             stash_type=stash_type, mean=mean, inv_std=inv_std,
+                                             out=out, engine=ENGINE)
+
+
+def rms_normalization_backward(dY, X, scale, *, axis=-1, epsilon=1e-5, inv_std=None, out=None):
+    """The gradient of RMSNormalization: ``(dX, dscale)``, ``dX = r (g - x_hat <g
+    x_hat>)`` with ``r = 1 / sqrt(mean(x^2) + epsilon)``, ``x_hat = x r``, ``g = dY *
+    scale``; ``inv_std`` gives ``r`` per row (onnxruntime's ``inv_std_var``) instead of
+    recomputing it; as :func:`layer_normalization_backward` otherwise."""
+    return _bwd.rms_normalization_backward(dY, X, scale, axis=axis, epsilon=epsilon,
+                                           inv_std=inv_std, out=out, engine=ENGINE)

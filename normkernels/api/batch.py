@@ -1,0 +1,94 @@
+"""ONNX BatchNormalization, and the per-channel moments of X (mergeable partials
+for statistics of chunks or micro-batches)."""
+
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import batch_normalization as _bn
+from normkernels.ops import moments as _moments
+
+
+def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
+                        training_mode=None, is_test=None, spatial=None, consumed_inputs=None,
+                        num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
+                        out=None):
+    """ONNX BatchNormalization with the semantics of ``opset``.
+
+    Inference: ``Y = (X - input_mean) / sqrt(input_var + epsilon) * scale + B`` per
+    channel. Training: the same with the batch mean and population variance of X, and
+    ``running = input * momentum + batch * (1 - momentum)`` (ONNX's convention:
+    ``momentum`` weighs the old value, the opposite of PyTorch's).
+
+    Parameters
+    ----------
+    X : ndarray
+        N x C x D1 ... Dn (``data_format="NCX"``, ONNX's layout), N x D1 ... Dn x C
+        (``"NXC"``), or 1-D of size N (C = 1). float16, bfloat16 (opset >= 14),
+        float32 or float64; any strides.
+    scale, B, input_mean, input_var : ndarray
+        Shape (C,). Opset 15: scale/B share one float dtype (T1), mean/var another
+        (T2), each independent of X. Opset 14: scale/B have X's dtype. Opsets 1-9:
+        everything has X's dtype.
+    epsilon, momentum, training_mode, is_test, spatial, consumed_inputs
+        ONNX attributes; ``None`` means the opset's schema default. Passing an
+        attribute the opset does not have is a TypeError, and so is leaving out
+        ``consumed_inputs`` at opsets 1-5 (the schema requires it; its value is
+        accepted and ignored).
+    num_outputs : int, optional
+        Opsets 1-9: how many outputs the node has (1 to 5: Y, mean, var, saved_mean,
+        saved_var); in opsets 7 and 9 it selects the mode (1 = inference).
+    saved_var : {"variance", "inv_std"}
+        Opsets 1-9 training: saved_var as the spec words it (the batch variance), or
+        onnxruntime's 1 / sqrt(var + epsilon).
+    opset : int
+        The model's opset; the version used is the highest at or below it.
+    out : ndarray, optional
+        Where to write Y (X's shape and dtype); may be X itself.
+
+    Returns
+    -------
+    Y : ndarray, or a tuple
+        Y has X's shape, dtype and memory order (``out`` when given). Training returns
+        ``(Y, running_mean, running_var)`` in opsets 14/15 and the first
+        ``num_outputs`` of ``(Y, mean, var, saved_mean, saved_var)`` in opsets 1-9;
+        statistics have input_mean's dtype and are new arrays.
+
+    Notes
+    -----
+    Arithmetic is float32 (float64 for float64 X); float16/bfloat16 results are
+    rounded once from it. Parameters are folded to ``a = scale / sqrt(var + eps)``
+    in float64 and rounded once to the compute dtype, as are mean and B. Batch
+    statistics are computed in one read of X (float64 sums; for 16-bit X float32 runs
+    joined in float64), in an order independent of the thread count. ``spatial=0``
+    (opsets 1, 6, 7) normalizes each activation over N: parameters then have the
+    shape of one sample, ``X.shape[1:]`` (opsets 1/6 also accept (C,), broadcast),
+    and so do the statistics returned.
+    """
+    return _bn.batch_normalization(
+        X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum,
+        training_mode=training_mode, is_test=is_test, spatial=spatial,
+        consumed_inputs=consumed_inputs, num_outputs=num_outputs, saved_var=saved_var,
+        opset=opset, data_format=data_format, out=out, engine=ENGINE)
+
+
+def moments(X, *, data_format="NCX"):
+    """Per-channel mean and population variance of X.
+
+    Channels are axis 1 (``"NCX"``) or the last axis (``"NXC"``); a 1-D X is one
+    channel. One read of X, float64 accumulation (16-bit X: float32 runs joined in
+    float64, variance within 1e-6 relative), bitwise the same for any thread count.
+    Returns float64 arrays for float32/float64 X, float32 for float16/bfloat16.
+    """
+    return _moments.moments(X, data_format=data_format, engine=ENGINE)
+
+
+def partial_moments(X, *, data_format="NCX"):
+    """Mergeable per-channel statistics of X: ``Moments(count, mean, M2)`` (int64,
+    float64, float64 arrays of shape (C,); M2 = sum of squared deviations). Combine
+    partials of chunks or micro-batches with :func:`merge_moments`; the variance is
+    ``M2 / count``. An empty X gives count 0 (the identity of the merge)."""
+    return _moments.partial_statistics(X, data_format, ENGINE)
+
+
+def merge_moments(a, b):
+    """Merge two partials from :func:`partial_moments` (Chan's formula): the
+    statistics of the concatenation, without a second pass over the data."""
+    return _moments.merge(a, b)

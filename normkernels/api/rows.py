@@ -1,0 +1,127 @@
+"""The row normalizations: ONNX LayerNormalization and RMSNormalization, and
+onnxruntime's SimplifiedLayerNormalization, SkipLayerNormalization and
+SkipSimplifiedLayerNormalization."""
+
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import layer_normalization as _ln
+from normkernels.ops import rms_normalization as _rms
+from normkernels.ops import skip_layer_normalization as _skip
+
+
+def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
+                        num_outputs=1, opset=17, out=None):
+    """ONNX LayerNormalization-17.
+
+    Per row (the axes ``axis, ..., X.ndim - 1``): ``Y = (X - mean) / sqrt(var +
+    epsilon) * Scale + B`` with the mean and population variance of the row.
+
+    Parameters
+    ----------
+    X : ndarray
+        Any rank >= 1; float16, bfloat16, float32 or float64; any strides (rows that
+        are contiguous are read in place, others copied first).
+    Scale, B : ndarray
+        X's dtype; broadcast unidirectionally to X (typically ``X.shape[axis:]``; B is
+        optional).
+    axis : int
+        The first normalized axis, in ``[-X.ndim, X.ndim)``.
+    epsilon : float
+    stash_type : int
+        The dtype of Mean and InvStdDev: 1 (float32), 16 (bfloat16), or 11 (float64, a
+        normkernels extension).
+    num_outputs : int
+        1: Y; 2: (Y, Mean); 3: (Y, Mean, InvStdDev).
+    out : ndarray, optional
+        Where to write Y (X's shape and dtype); may be X itself.
+
+    Returns
+    -------
+    Y, or a tuple with ``Mean`` and ``InvStdDev`` of shape ``X.shape[:axis] + (1,) *
+    (X.ndim - axis)`` in the stash type.
+
+    Notes
+    -----
+    Statistics are float64 by two passes over each row while it is in cache (the
+    function body's ``E[x^2] - E[x]^2`` in float32 returns NaN or digits of noise for
+    rows like 4e4 + [0, 1, 2, 3]); X is read from memory once. Y is computed in float32
+    (float64 for float64 X) and rounded once; for 16-bit X that skips the body's
+    rounding of the normalized value to X's type before Scale and B.
+    """
+    return _ln.layer_normalization(X, Scale, B, axis=axis, epsilon=epsilon,
+                                   stash_type=stash_type, num_outputs=num_outputs, opset=opset,
+                                   out=out, engine=ENGINE)
+
+
+def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23, out=None):
+    """ONNX RMSNormalization-23.
+
+    Per row (the axes ``axis, ...``): ``Y = X / sqrt(mean(X**2) + epsilon) * scale``.
+
+    Parameters
+    ----------
+    X : ndarray
+        Any rank >= 1; float16, bfloat16, float32 or float64 (T).
+    scale : ndarray
+        Any of the four float dtypes (V); broadcasts unidirectionally to X.
+    stash_type : int
+        1, 10, 11 or 16 (the body's legal values): checked, with no effect on the
+        result: the mean square is always accumulated in float64.
+    out : ndarray, optional
+        Where to write Y (X's shape, scale's dtype).
+
+    Returns
+    -------
+    Y of X's shape and scale's dtype (the schema's V). With T != V (which onnxruntime
+    rejects) ``normalized * scale`` is computed in the wider dtype and rounded once.
+    """
+    return _rms.rms_normalization(X, scale, axis=axis, epsilon=epsilon, stash_type=stash_type,
+                                  opset=opset, out=out, engine=ENGINE)
+
+
+def simplified_layer_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1,
+                                   num_outputs=1, out=None):
+    """onnxruntime's SimplifiedLayerNormalization (default domain, version 1): RMS
+    normalization as :func:`rms_normalization`, with ``num_outputs=2`` also returning
+    ``inv_std_var = 1 / sqrt(mean(X**2) + epsilon)`` of shape ``X.shape[:axis] + (1,
+    ...)`` in float32 (``stash_type=1``) or float64 (11)."""
+    return _rms.simplified_layer_normalization(X, scale, axis=axis, epsilon=epsilon,
+                                               stash_type=stash_type, num_outputs=num_outputs,
+                                               out=out, engine=ENGINE)
+
+
+def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12,
+                             num_outputs=1, out=None):
+    """onnxruntime's SkipLayerNormalization (com.microsoft): layer normalization over the
+    last axis of ``s = input + skip (+ bias)``, fused in one pass.
+
+    Parameters
+    ----------
+    input : ndarray
+        (batch, seq, hidden) or (tokens, hidden); float16, bfloat16, float32 or float64.
+    skip : ndarray
+        input's shape, or (1, seq, hidden) or (seq, hidden) (repeated over the batch).
+    gamma, beta, bias : ndarray
+        (hidden,), input's dtype; beta and bias optional (bias is added before the
+        normalization).
+    num_outputs : int
+        1 to 4: output, mean, inv_std_var (float32, ``input.shape[:-1] + (1,)``),
+        input_skip_bias_sum (``s`` in input's dtype).
+    out : ndarray, optional
+        Where to write output; may be ``input``.
+
+    ``s`` is rounded to input's dtype before it is normalized, so ``output`` is the
+    layer normalization of ``input_skip_bias_sum``.
+    """
+    return _skip.skip_layer_normalization(input, skip, gamma, beta, bias, epsilon=epsilon,
+                                          num_outputs=num_outputs, out=out, engine=ENGINE)
+
+
+def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilon=1e-12,
+                                        num_outputs=1, out=None):
+    """onnxruntime's SkipSimplifiedLayerNormalization (com.microsoft): RMS normalization
+    of ``s = input + skip (+ bias)`` over the last axis, times gamma. Arguments and
+    outputs as :func:`skip_layer_normalization` (no beta); the ``mean`` output is zeros,
+    as onnxruntime returns it."""
+    return _skip.skip_simplified_layer_normalization(input, skip, gamma, bias,
+                                                     epsilon=epsilon, num_outputs=num_outputs,
+                                                     out=out, engine=ENGINE)
