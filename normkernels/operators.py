@@ -5,10 +5,11 @@ from it.
 warmup`` and ``coldstart``, :mod:`normkernels.onnx` (``run_node``, the evaluator's
 OpRun classes), :mod:`normkernels.dask` and the benchmark cases in ``bench/`` iterate
 :data:`OPERATORS`; none of them names an operator. Adding an operator is a spec
-module in ``normkernels/ops/``, its public function in ``api.py``, kernels if it
-needs new loops, and one record here (see CONTRIBUTING.md). A record's backward pass
-(mode "backward": workloads, the float64 check of dX, the torch peer, warmup and
-coldstart) is its ``backward`` field, the public gradient function, plus
+module in ``normkernels/ops/``, its public function in its family's module of
+``normkernels/api/`` (re-exported by ``api/__init__.py``), kernels if it needs new
+loops, and one record here (see CONTRIBUTING.md). A record's backward pass (mode
+"backward": workloads, the float64 check of dX, the torch peer, warmup and coldstart)
+is its ``backward`` field, the public gradient function, plus
 ``mode_kwargs["backward"]``.
 
 Importing this module imports neither Numba nor the operators' spec modules.

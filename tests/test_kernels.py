@@ -151,6 +151,18 @@ def test_import_compiles_nothing():
     assert result.stdout.strip() == "0"
 
 
+def test_public_names_are_the_api_and_bind():
+    """normkernels' lazy names (listed by hand, so importing it loads nothing) are the
+    functions of every module of normkernels.api, re-exported there, and bind."""
+    import normkernels
+    from normkernels import api
+
+    assert sorted(normkernels.__all__) == sorted([*api.__all__, "bind"])
+    for name in api.__all__:
+        assert getattr(normkernels, name) is getattr(api, name)
+        assert getattr(api, name).__module__.startswith("normkernels.api."), name
+
+
 def test_openmp_spin_count_is_lowered_unless_the_user_chose():
     """Idle OpenMP workers spinning for long starve other threads between kernels
     (see normkernels/kernels/__init__.py); a user's own setting wins."""
