@@ -118,6 +118,30 @@ def flatten(result):
     return [np.asarray(result)]
 
 
+def reproductions(rng):
+    """The calls issue 26 reported killing the process on AVX2 (x86-64-v3) and SSE2
+    (generic) CPUs, at their own shapes: (name, call) at bfloat16 and float16."""
+    import ml_dtypes
+
+    import normkernels as nk
+
+    calls = []
+    for dtype in (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16)):
+        for rows, cols in ((1, 3), (128, 768)):
+            x = fill(rng, (rows, cols), dtype)
+            g, b = fill(rng, cols, dtype), fill(rng, cols, dtype)
+            calls += [(f"{dtype}/layer_normalization/{rows}x{cols}",
+                       lambda x=x, g=g, b=b: nk.layer_normalization(x, g, b)),
+                      (f"{dtype}/rms_normalization/{rows}x{cols}",
+                       lambda x=x, g=g: nk.rms_normalization(x, g))]
+        x = fill(rng, (2, 3, 4, 4), dtype)
+        s, b, m = (fill(rng, 3, dtype) for _ in range(3))
+        v = np.abs(fill(rng, 3, dtype))
+        calls.append((f"{dtype}/batch_normalization/2x3x4x4",
+                      lambda x=x, s=s, b=b, m=m, v=v: nk.batch_normalization(x, s, b, m, v)))
+    return calls
+
+
 def main(out, only=None):
     from normkernels.cli import warmup_calls
     from normkernels.kernels.target import jit_target
@@ -125,6 +149,8 @@ def main(out, only=None):
     results = {}
     if only is None:
         results = {f"conversion/{k}": v for k, v in conversions(conversion_sample()).items()}
+        for name, call in reproductions(np.random.default_rng(26)):
+            results[f"reproduction/{name}"] = call()
     for dtype, op, case, path, call in warmup_calls(DTYPES if only is None else DTYPES[:2], fill):
         if only is not None and op.name not in only:
             continue

@@ -72,14 +72,17 @@ def _load(results, name):
 @pytest.mark.parametrize("cpu", TARGETS)
 def test_every_family_runs_on_other_targets(runs, cpu):
     """Every warmup case of the operator table (each family, forward and backward,
-    NCX and NXC, serial/parallel/streaming) at float16, bfloat16 and float32 runs to
-    the end in a process built for ``cpu`` (it aborted there before), gives every
-    result the host gives, and the conversions give the host's bits."""
+    NCX and NXC, serial/parallel/streaming) at float16, bfloat16 and float32, and the
+    calls the issue reported aborting (LayerNorm and RMSNorm of (1, 3) and (128, 768),
+    BatchNormalization of (2, 3, 4, 4), bfloat16 and float16), run to the end in a
+    process built for ``cpu``, give every result the host gives, and the conversions
+    give the host's bits."""
     host, other = _load(runs, "host"), _load(runs, cpu)
     assert str(other.pop("__target__")).startswith(cpu)
     host.pop("__target__")
     assert sorted(other) == sorted(host)
     assert len([k for k in host if not k.startswith("conversion/")]) > 200
+    assert len([k for k in host if k.startswith("reproduction/")]) == 10
     differ = [k for k in host if k.startswith("conversion/")
               and not np.array_equal(host[k], other[k])]
     assert not differ, f"conversions differ from the host's on {cpu}: {differ}"
