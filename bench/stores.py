@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import normkernels as nk
-from normkernels.benchmarks import flusher
+from normkernels.bench.workloads import flusher
 
 CASES = [((8, 64, 56, 56), "warm"), ((16, 64, 56, 56), "warm"), ((32, 64, 56, 56), "warm"),
          ((32, 64, 112, 112), "cold"), ((8, 64, 56, 56), "cold")]

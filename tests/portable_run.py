@@ -119,7 +119,7 @@ def flatten(result):
 
 
 def main(out, only=None):
-    from normkernels.cli import warmup_calls
+    from normkernels.bench.cli import warmup_calls
     from normkernels.kernels.target import jit_target
 
     results = {}
