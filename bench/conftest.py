@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from normkernels import benchmarks
+from normkernels.bench import workloads
 
 
 def pytest_addoption(parser):
@@ -32,4 +32,4 @@ def small():
 
 @pytest.fixture(scope="session")
 def flush():
-    return benchmarks.CacheFlusher()
+    return workloads.CacheFlusher()

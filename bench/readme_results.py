@@ -13,7 +13,7 @@ import json
 import re
 import sys
 
-from normkernels import cli
+from normkernels.bench import cli, report
 
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -24,7 +24,7 @@ def section(data, command):
     lines = [START,
              f"Measured on {data['cpu']}, {data['threads']} threads "
              f"({data['threading_layer']}); {versions}.", "",
-             f"`{command}`", "", cli.markdown_table(rows, headers), "", cli.LEGEND]
+             f"`{command}`", "", report.markdown_table(rows, headers), "", cli.LEGEND]
     skipped = {}
     for r in data["results"]:
         for peer, reason in r["skipped"].items():

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import normkernels as nk
-from normkernels.benchmarks import _flusher
+from normkernels.bench.workloads import flusher
 
 CASES = [((8, 64, 56, 56), "warm"), ((16, 64, 56, 56), "warm"), ((32, 64, 56, 56), "warm"),
          ((32, 64, 112, 112), "cold"), ((8, 64, 56, 56), "cold")]
@@ -33,7 +33,7 @@ def compare(shape, caches, rounds=5):
     X = rng.normal(10.0, 2.0, shape).astype(np.float32)
     params = [rng.uniform(0.5, 1.5, shape[1]).astype(np.float32) for _ in range(4)]
     out = np.empty_like(X)
-    flush = _flusher() if caches == "cold" else None
+    flush = flusher() if caches == "cold" else None
     best = {}
     for _ in range(rounds):
         for mode in ("always", "auto"):

@@ -11,7 +11,7 @@ import timeit
 
 import numpy as np
 
-from normkernels import benchmarks
+from normkernels.bench import workloads
 from normkernels.operators import OPERATORS
 
 FAMILIES = [("batchnorm", "inference"), ("batchnorm", "training"),
@@ -34,8 +34,8 @@ def main():
     for op, mode in FAMILIES:
         record = OPERATORS[op]
         for shape in SHAPES:
-            workload = benchmarks.custom_workload(op, mode, shape, "float32", args.layout)
-            X, params = benchmarks.make_inputs(workload)
+            workload = workloads.custom_workload(op, mode, shape, "float32", args.layout)
+            X, params = workloads.make_inputs(workload)
             out = None if record.reads_only else np.empty_like(X)
             calls = {path: _bound(record, X, params, mode, args.layout, out, path)
                      for path in ("serial", "parallel")}

@@ -11,7 +11,7 @@ import timeit
 import numpy as np
 
 import normkernels as nk
-from normkernels import benchmarks, peers
+from normkernels.bench import peers, workloads
 from normkernels.operators import OPERATORS
 
 CASES = [("batchnorm", "inference"), ("batchnorm", "training"),
@@ -66,16 +66,16 @@ def main():
     for op, mode in CASES:
         if mode not in OPERATORS[op].modes or "float32" not in OPERATORS[op].dtypes:
             continue
-        workload = benchmarks.custom_workload(op, mode, shape, "float32", args.layout)
-        X, params = benchmarks.make_inputs(workload)
+        workload = workloads.custom_workload(op, mode, shape, "float32", args.layout)
+        X, params = workloads.make_inputs(workload)
         out = np.empty_like(X)
         bound_args = (X, *params)
         kwargs = OPERATORS[op].kwargs(mode, args.layout)
         if not OPERATORS[op].reads_only:
             kwargs["out"] = out
-        calls = {"nk": benchmarks.normkernels_call(workload, X, params, out),
+        calls = {"nk": workloads.normkernels_call(workload, X, params, out),
                  "bound": nk.bind(getattr(nk, OPERATORS[op].function), *bound_args, **kwargs),
-                 "numpy": benchmarks.numpy_call(workload, X, params)}
+                 "numpy": workloads.numpy_call(workload, X, params)}
         ort_call = ort_io_binding(workload, X, params)
         if ort_call is not None:
             calls["ort"] = ort_call

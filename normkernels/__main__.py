@@ -1,5 +1,5 @@
 import sys
 
-from normkernels.cli import main
+from normkernels.bench.cli import main
 
 sys.exit(main())

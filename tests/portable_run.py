@@ -143,7 +143,7 @@ def reproductions(rng):
 
 
 def main(out, only=None):
-    from normkernels.cli import warmup_calls
+    from normkernels.bench.cli import warmup_calls
     from normkernels.kernels.target import jit_target
 
     results = {}

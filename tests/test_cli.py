@@ -9,12 +9,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from normkernels import benchmarks, cli, model_timing
+from normkernels.bench import cli, model_timing, report, workloads
 from normkernels.operators import OPERATORS
 
 
 def test_workload_table_runs_and_agrees_with_numpy():
-    result = benchmarks.run_workload(benchmarks.WORKLOADS_BY_NAME["tiny-f32"], repeat=1)
+    result = workloads.run_workload(workloads.WORKLOADS_BY_NAME["tiny-f32"], repeat=1)
     assert set(result["seconds"]) == {"normkernels", "copy", "read", "axpb", "numpy"}
     assert result["roofline"] == "copy"
     assert result["max_rel_err"]["numpy"] < 1e-5
@@ -26,8 +26,8 @@ def test_workload_table_runs_and_agrees_with_numpy():
 def test_every_operator_and_mode_of_the_table_runs_on_a_small_tensor(op, mode):
     shape = (2, 3, 8) if OPERATORS[op].rows else (2, 3, 8, 8)  # skip operators: 2-D/3-D
     layout = OPERATORS[op].layouts[-1]  # NXC where the operator has it
-    w = benchmarks.Workload(f"small-{op}-{mode}", op, shape, "float32", layout, mode)
-    result = benchmarks.run_workload(w, repeat=1)
+    w = workloads.Workload(f"small-{op}-{mode}", op, shape, "float32", layout, mode)
+    result = workloads.run_workload(w, repeat=1)
     assert result["max_rel_err"]["normkernels"] < 1e-5
     assert result["max_rel_err"]["numpy"] < 1e-5
     assert ("over_inference" in result) == (mode in OPERATORS[op].over_inference)
@@ -38,7 +38,7 @@ def test_warmup_compiles_the_fused_instance_kernels_at_any_thread_count():
     need twice as many planes as threads), and its progress total is its call count."""
     code = textwrap.dedent("""
         import numba
-        from normkernels import cli
+        from normkernels.bench import cli
         from normkernels.engine import policy
         assert numba.get_num_threads() == 4
         taken = []
@@ -56,16 +56,16 @@ def test_warmup_compiles_the_fused_instance_kernels_at_any_thread_count():
     assert fused == str(sorted(f"instance_planes/fused/{p}"
                                for p in ("parallel", "serial", "streaming")))
     cases = sum(len(c.paths) for op in OPERATORS.values() for c in op.warmup
-                for d in benchmarks.DTYPES if d in op.dtypes)
+                for d in workloads.DTYPES if d in op.dtypes)
     assert int(count) == cases
 
 
 def test_workload_inputs_match_their_description():
-    for w in benchmarks.WORKLOADS:
+    for w in workloads.WORKLOADS:
         if np.prod(w.shape) > 1 << 22:
             continue
-        X, params = benchmarks.make_inputs(w)
-        assert X.shape == w.layout_shape and X.dtype == benchmarks.DTYPES[w.dtype]
+        X, params = workloads.make_inputs(w)
+        assert X.shape == w.layout_shape and X.dtype == workloads.DTYPES[w.dtype]
         if w.operator.skip or w.mode == "backward":  # skip input / dY first, X's shape
             assert params[0].shape == X.shape and params[0].dtype == X.dtype
             assert not np.array_equal(params[0], X)
@@ -121,9 +121,9 @@ def test_backward_formula_is_the_gradient_of_the_forward_formula(op, layout):
 
 
 def test_backward_workloads_move_three_arrays_and_skip_the_onnx_peers(capsys):
-    w = benchmarks.Workload("small-backward", "layernorm", (16, 40), "float32", mode="backward")
-    result = benchmarks.run_workload(w, repeat=1, warmup=0,
-                                     peers=["numpy", "onnx-ref", "onnxruntime", "openvino"])
+    w = workloads.Workload("small-backward", "layernorm", (16, 40), "float32", mode="backward")
+    result = workloads.run_workload(w, repeat=1, warmup=0,
+                                    peers=["numpy", "onnx-ref", "onnxruntime", "openvino"])
     nbytes = 16 * 40 * 4
     assert result["roofline"] == "add" and result["bytes"] == 3 * nbytes
     assert {"add", "copy", "read", "axpb"} <= set(result["seconds"])
@@ -135,9 +135,9 @@ def test_backward_workloads_move_three_arrays_and_skip_the_onnx_peers(capsys):
         100 * result["seconds"]["add"] / result["seconds"]["normkernels"])
     for peer in ("onnx-ref", "onnxruntime", "openvino"):
         assert result["skipped"][peer] == f"{peer}: no ONNX operator for a backward pass"
-    assert "backward" in benchmarks.SUITES and "backward" not in benchmarks.SUITES["default"]
-    assert all(benchmarks.WORKLOADS_BY_NAME[n].mode == "backward"
-               for n in benchmarks.SUITES["backward"])
+    assert "backward" in workloads.SUITES and "backward" not in workloads.SUITES["default"]
+    assert all(workloads.WORKLOADS_BY_NAME[n].mode == "backward"
+               for n in workloads.SUITES["backward"])
     argv = ["bench", "--op", "groupnorm", "--mode", "backward", "--shape", "2,4,8,8",
             "--layout", "NXC", "--repeat", "1", "--peers", "numpy", "onnxruntime"]
     assert cli.main(argv) == 0
@@ -208,13 +208,13 @@ PEER_CASES = [(op.name, mode, layout, dtype) for op in OPERATORS.values()
 def test_peers_compute_the_same_thing(op, mode, layout, dtype):
     """Every installed peer's Y agrees with normkernels' (the adapters are right)."""
     shape = (4, 6, 5) if OPERATORS[op].rows else (4, 3, 6, 5)  # skip operators: 2-D/3-D
-    w = benchmarks.Workload(f"small-{op}", op, shape, dtype, layout, mode)
-    result = benchmarks.run_workload(w, repeat=1, warmup=0, peers=list(cli.PEER_ORDER))
+    w = workloads.Workload(f"small-{op}", op, shape, dtype, layout, mode)
+    result = workloads.run_workload(w, repeat=1, warmup=0, peers=list(cli.PEER_ORDER))
     assert "numpy" in result["ratios"]
     for peer in result["ratios"]:
         if peer == "numpy" and dtype in ("float16", "bfloat16"):
             continue  # NumPy computes in the 16-bit dtype itself
-        assert cli._agrees(result, peer), (peer, result["agreement"][peer])
+        assert report.agrees(result, peer), (peer, result["agreement"][peer])
     assert set(result["ratios"]) | set(result["skipped"]) == set(cli.PEER_ORDER)
 
 
@@ -269,28 +269,28 @@ def test_timed_medians_touches_warm_calls_and_flushes_cold_ones(monkeypatch):
     """Warm: every timed call follows an untimed call of itself; cold: a flush."""
     log = []
     calls = {"a": lambda: log.append("a"), "b": lambda: log.append("b")}
-    benchmarks.timed_medians(calls, "warm", 2, warmup=0)
+    workloads.timed_medians(calls, "warm", 2, warmup=0)
     assert log == ["a", "a", "b", "b", "b", "b", "a", "a"]
     log.clear()
-    monkeypatch.setattr(benchmarks, "flusher", lambda: lambda: log.append("flush"))
-    benchmarks.timed_medians(calls, "cold", 1, warmup=0)
+    monkeypatch.setattr(workloads, "flusher", lambda: lambda: log.append("flush"))
+    workloads.timed_medians(calls, "cold", 1, warmup=0)
     assert log == ["flush", "a", "flush", "b"]
     with pytest.raises(ValueError, match="warm or cold"):
-        benchmarks.timed_medians(calls, "hot", 1)
+        workloads.timed_medians(calls, "hot", 1)
 
 
 def test_max_relative_error_in_blocks_equals_the_whole():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((7, 3, 5)).astype(np.float32)
     b = a.astype(np.float64) * (1 + 1e-3 * rng.standard_normal(a.shape))
-    whole = benchmarks.max_relative_error(a, b)
+    whole = workloads.max_relative_error(a, b)
     assert whole > 0
     for block in (1, 15, 16, 104):
-        assert benchmarks.max_relative_error(a, b, block=block) == whole
+        assert workloads.max_relative_error(a, b, block=block) == whole
 
 
 def test_sweep_times_each_size_in_both_cache_states(tmp_path, capsys):
-    from normkernels import sweep
+    from normkernels.bench import sweep
 
     files = {k: tmp_path / f"s.{k}" for k in ("json", "md")}
     argv = ["bench", "--sweep", "--sweep-max-elements", "5000", "--repeat", "1",
@@ -314,7 +314,7 @@ def test_sweep_times_each_size_in_both_cache_states(tmp_path, capsys):
         assert r["gbps"]["normkernels"] == pytest.approx(
             r["bytes"] / r["seconds"]["normkernels"] / 1e9)
         assert 1 <= r["rounds"] <= sweep.MAX_ROUND_SCALE
-        assert all(cli._agrees(r, p) for p in r["ratios"])
+        assert all(report.agrees(r, p) for p in r["ratios"])
     for cache in ("warm", "cold"):
         assert f"{sweep.CACHE_TITLES[cache]}:" in out
         assert f"### {sweep.CACHE_TITLES[cache]}" in files["md"].read_text()
@@ -335,7 +335,7 @@ def test_sweep_times_each_size_in_both_cache_states(tmp_path, capsys):
 
 def test_sweep_plot_one_cache_state_nxc(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from normkernels import sweep
+    from normkernels.bench import sweep
 
     png, js = tmp_path / "s.png", tmp_path / "s.json"
     argv = ["bench", "--sweep", "--sweep-max-elements", "1100", "--repeat", "1", "--cache",
@@ -352,7 +352,7 @@ def test_sweep_plot_one_cache_state_nxc(tmp_path, capsys):
 
 
 def test_sweep_crossovers_are_the_sizes_where_normkernels_is_slower():
-    from normkernels import sweep
+    from normkernels.bench import sweep
 
     def result(cache, n, ratios):
         return {"cache": cache, "ncx_shape": [1, n], "elements": n, "ratios": ratios}

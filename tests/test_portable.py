@@ -42,7 +42,7 @@ def _run(out, cache, cpu=None, only=()):
 
 
 def _host_cache():
-    from normkernels.cli import _cache_files
+    from normkernels.bench.cli import _cache_files
 
     return _cache_files()[0]
 
@@ -212,7 +212,7 @@ def test_the_probe_follows_an_explicit_feature_list():
 
 
 def test_info_prints_the_target_and_the_conversion_paths(capsys):
-    from normkernels import cli
+    from normkernels.bench import cli
     from normkernels.kernels.target import jit_target
 
     assert cli.main(["info"]) == 0

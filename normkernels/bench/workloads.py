@@ -1,9 +1,10 @@
 """Benchmark workloads and the side-by-side timing harness.
 
 One table (:data:`WORKLOADS`) feeds the ``normkernels bench`` command and the
-pytest-benchmark cases in ``bench/``. Every row is timed against baselines run in the
-same process with interleaved repeats (A B C A B C ...) and reported as medians, so a
-shared, noisy machine shifts all of them together and the ratios hold:
+pytest-benchmark cases in the repository's ``bench/`` directory. Every row is timed
+against baselines run in the same process with interleaved repeats (A B C A B C ...)
+and reported as medians, so a shared, noisy machine shifts all of them together and
+the ratios hold:
 
 * ``copy``: a copy of the same bytes (the roofline: Y = X cannot be faster;
   parallel, one thread below 1 MB),
@@ -418,7 +419,7 @@ def comparison_calls(workload, X, params, peers, threads,
     peers that cannot run: the ``baselines`` asked for (no ``axpb`` for operators
     without Y, ``add`` for backward passes only, on X and dY), BN inference for the
     ``over_inference`` modes (with ``yardstick``), and the ``peers``."""
-    from normkernels.peers import PEERS, Unavailable
+    from normkernels.bench.peers import PEERS, Unavailable
 
     calls = {}
     if baselines:
@@ -451,7 +452,7 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     (:func:`streams` times X's bytes) and ``gbps`` each candidate's bytes per second
     (:func:`moved_bytes`). The ``over_inference`` modes (training, instance
     normalization, backward passes) are also timed against BN inference on the same
-    tensor. Peers (see :mod:`normkernels.peers`) that cannot run are listed in
+    tensor. Peers (see :mod:`normkernels.bench.peers`) that cannot run are listed in
     ``skipped`` with the reason; every peer's Y (dX for backward) is checked against
     normkernels' (``agreement``: max relative difference) and normkernels' against
     the formula in float64 (``max_rel_err``). ``cache``: warm, cold or None (by size,

@@ -6,36 +6,11 @@ import json
 import sys
 import time
 
-from normkernels import benchmarks, sweep
+from normkernels.bench import sweep, workloads
+from normkernels.bench.report import agrees, format_table, markdown_table, progress
 from normkernels.operators import OPERATORS, YARDSTICK
 
-
-def _format_table(rows, headers):
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(f"{{:>{w}}}" for w in widths)
-    out = [line.format(*headers), line.format(*("-" * w for w in widths))]
-    out += [line.format(*r) for r in rows]
-    return "\n".join(out)
-
-
 PEER_ORDER = ("numpy", "onnx-ref", "onnxruntime", "torch", "openvino")
-
-
-def _progress(i, n, label):
-    """One status line on stderr (rewritten in place on a terminal)."""
-    width = 24
-    done = width * i // max(n, 1)
-    line = f"[{'#' * done}{'.' * (width - done)}] {i}/{n} {label}"
-    if sys.stderr.isatty():
-        print(f"\r{line[:100]:<100}", end="" if i < n else "\n", file=sys.stderr, flush=True)
-    else:
-        print(line, file=sys.stderr, flush=True)
-
-
-def _agrees(result, peer):
-    """Does a peer's Y match normkernels' within what its dtype can hold?"""
-    tol = 2e-2 if result["dtype"] in ("float16", "bfloat16") else 1e-4
-    return result["agreement"].get(peer, 0.0) <= tol
 
 
 def result_rows(results, peers):
@@ -49,7 +24,7 @@ def result_rows(results, peers):
                f"{r['over_inference']:.2f}x" if "over_inference" in r else "-"]
         for peer in peers:
             if peer in r["ratios"]:
-                mark = "" if _agrees(r, peer) else " !"
+                mark = "" if agrees(r, peer) else " !"
                 row.append(f"{r['ratios'][peer]:.2f}x{mark}")
             else:
                 row.append("-")
@@ -71,12 +46,6 @@ LEGEND = (
     "peer's time over normkernels' (higher is slower), '!' when its Y (dX) differs from "
     "normkernels' by more than its dtype can hold; nk err: max relative error against "
     "the formula in float64; 1st call: compile or load from the disk cache.")
-
-
-def markdown_table(rows, headers):
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
 
 
 def _plot(results, peers, path):
@@ -107,37 +76,37 @@ def _plot(results, peers, path):
     fig.savefig(path, dpi=120)
 
 
-def _workloads(args, benchmarks):
+def _workloads(args):
     if args.op or args.shape or args.dtype or args.layout or args.mode:
         shape = tuple(int(v) for v in (args.shape or "32,64,112,112").split(","))
-        return [benchmarks.custom_workload(args.op or YARDSTICK, args.mode or "inference",
-                                           shape, args.dtype or "float32",
-                                           args.layout or "NCX")]
+        return [workloads.custom_workload(args.op or YARDSTICK, args.mode or "inference",
+                                          shape, args.dtype or "float32",
+                                          args.layout or "NCX")]
     names = list(args.workload or [])
     if args.suite or not names:
-        names += benchmarks.SUITES["quick" if args.quick else (args.suite or "default")]
-    unknown = [n for n in names if n not in benchmarks.WORKLOADS_BY_NAME]
+        names += workloads.SUITES["quick" if args.quick else (args.suite or "default")]
+    unknown = [n for n in names if n not in workloads.WORKLOADS_BY_NAME]
     if unknown:
         raise ValueError(f"unknown workload(s): {', '.join(unknown)} (see --list)")
-    return [benchmarks.WORKLOADS_BY_NAME[n] for n in names]
+    return [workloads.WORKLOADS_BY_NAME[n] for n in names]
 
 
 def cmd_bench(args):
     import numba
 
-    from normkernels import model_timing
+    from normkernels.bench import model_timing
 
     if args.list:
-        for suite, names in benchmarks.SUITES.items():
+        for suite, names in workloads.SUITES.items():
             print(f"suite {suite}: {' '.join(names)}")
-        for w in benchmarks.WORKLOADS:
+        for w in workloads.WORKLOADS:
             print(f"{w.name:30s} {w.op:20s} {w.mode:9s} {w.dtype:9s} {w.data_format} "
                   f"{w.layout_shape}")
         return 0
     if args.threads:
         numba.set_num_threads(args.threads)
     try:
-        workloads = [] if args.sweep else _workloads(args, benchmarks)
+        chosen = [] if args.sweep else _workloads(args)
     except ValueError as exc:
         print(f"normkernels bench: {exc}", file=sys.stderr)
         return 2
@@ -145,8 +114,8 @@ def cmd_bench(args):
     peers = [p for p in PEER_ORDER if p in (args.peers or default_peers)]
     if args.no_numpy and "numpy" in peers:
         peers.remove("numpy")
-    if "openvino" in peers:  # see normkernels.peers: Numba's threading layer first
-        benchmarks.baseline_calls(*(2 * [__import__("numpy").zeros(1 << 17)]))["read"]()
+    if "openvino" in peers:  # see normkernels.bench.peers: Numba's threading layer first
+        workloads.baseline_calls(*(2 * [__import__("numpy").zeros(1 << 17)]))["read"]()
     threads = numba.get_num_threads()
     if args.sweep:
         return sweep.command(args, peers, threads)
@@ -157,15 +126,15 @@ def cmd_bench(args):
           f"up to {repeat} interleaved repeats, {caches}", flush=True)
     results = []
     start = time.perf_counter()
-    for i, w in enumerate(workloads):
-        _progress(i, len(workloads), w.name)
-        results.append(benchmarks.run_workload(w, repeat=repeat, warmup=args.warmup,
-                                               peers=peers, threads=threads,
-                                               budget_seconds=20 if args.quick else 40,
-                                               cache=args.cache))
-    _progress(len(workloads), len(workloads), f"done in {time.perf_counter() - start:.0f} s")
+    for i, w in enumerate(chosen):
+        progress(i, len(chosen), w.name)
+        results.append(workloads.run_workload(w, repeat=repeat, warmup=args.warmup,
+                                              peers=peers, threads=threads,
+                                              budget_seconds=20 if args.quick else 40,
+                                              cache=args.cache))
+    progress(len(chosen), len(chosen), f"done in {time.perf_counter() - start:.0f} s")
     rows, headers = result_rows(results, peers)
-    print(_format_table(rows, headers))
+    print(format_table(rows, headers))
     print(LEGEND)
     skipped = {}
     for r in results:
@@ -188,7 +157,7 @@ def cmd_bench(args):
 
 def cmd_onnx(args):
     """Time light-zoo models under onnx.reference with and without normkernels."""
-    from normkernels import model_timing
+    from normkernels.bench import model_timing
 
     try:
         import onnx  # noqa: F401
@@ -205,14 +174,14 @@ def cmd_onnx(args):
                          f"{r['norm_nodes_s'] * 1e3:.1f}", f"{r['max_rel_err']:.0e}"])
         rows.append([name, "speedup", "", f"{ref['model_s'] / ours['model_s']:.2f}x",
                      f"{ref['norm_nodes_s'] / ours['norm_nodes_s']:.1f}x", ""])
-    print(_format_table(rows, ["model", "ops", "norm nodes", "model s", "norm nodes ms",
-                               "err vs stored"]))
+    print(format_table(rows, ["model", "ops", "norm nodes", "model s", "norm nodes ms",
+                              "err vs stored"]))
     return 0
 
 
 def cmd_coldstart(args):
     """Import time and first-call times (empty and warm kernel cache), fresh processes."""
-    from normkernels import model_timing
+    from normkernels.bench import model_timing
 
     shape = tuple(int(v) for v in args.shape.split(","))
     result = model_timing.cold_start(shape, args.dtype, repeat=args.repeat)
@@ -221,7 +190,7 @@ def cmd_coldstart(args):
     rows.append(["normkernels operators over import numba", f"{extra * 1e3:.0f}"])
     print(f"cold start, {'x'.join(map(str, shape))} {args.dtype}, fresh processes "
           f"(median of {args.repeat} where repeated):")
-    print(_format_table(rows, ["what", "ms"]))
+    print(format_table(rows, ["what", "ms"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
@@ -292,7 +261,7 @@ def warmup_calls(dtypes=None, fill=None):
     import numba
     import numpy as np
 
-    from normkernels.benchmarks import DTYPES
+    from normkernels.bench.workloads import DTYPES
 
     threads = numba.get_num_threads()
     rng = np.random.default_rng(0)
@@ -322,14 +291,14 @@ def cmd_warmup(args):
     start = time.perf_counter()
     for i, (dtype, op, case, path, call) in enumerate(calls):
         label = f"{op.name} {case.label}"
-        _progress(i, len(calls), f"{dtype} {label} {path}")
+        progress(i, len(calls), f"{dtype} {label} {path}")
         t0 = time.perf_counter()
         call()
         rows.append([dtype, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
-    _progress(len(calls), len(calls), f"done in {time.perf_counter() - start:.1f} s")
+    progress(len(calls), len(calls), f"done in {time.perf_counter() - start:.1f} s")
     rows.append(["all", "", "", f"{(time.perf_counter() - start) * 1e3:.0f}"])
-    print(_format_table(rows, ["dtype", "operator: kernels", "path",
-                               "ms (compile or cache load)"]))
+    print(format_table(rows, ["dtype", "operator: kernels", "path",
+                              "ms (compile or cache load)"]))
     return 0
 
 
@@ -339,7 +308,7 @@ def main(argv=None):
     bench = sub.add_parser("bench", help="time the operators against the machine's "
                            "bandwidth and the peers installed (default: the default suite)")
     bench.add_argument("--workload", action="append", help="a workload name (repeatable)")
-    bench.add_argument("--suite", choices=list(benchmarks.SUITES),
+    bench.add_argument("--suite", choices=list(workloads.SUITES),
                        help="a set of workloads (default: default)")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from normkernels.benchmarks import max_relative_error
+from normkernels.bench.workloads import max_relative_error
 from normkernels.operators import OPERATORS
 
 LIGHT_MODELS = ("resnet50", "densenet121", "inception_v2", "shufflenet")

@@ -2,7 +2,7 @@
 100M, warm and cold, beside the installed peers, to show where normkernels wins and
 where it does not.
 
-Each size runs through the bench's harness (:mod:`normkernels.benchmarks`): the
+Each size runs through the bench's harness (:mod:`normkernels.bench.workloads`): the
 inputs are built once, normkernels, the roofline baseline (parallel copy; read for
 moments; add, two arrays read and one written, for backward passes) and the peers are
 timed with interleaved repeats in each cache state, every peer's Y is checked against
@@ -22,7 +22,9 @@ import time
 
 import numpy as np
 
-from normkernels import benchmarks
+from normkernels.bench import workloads
+from normkernels.bench.report import agrees, format_table, markdown_table, progress
+from normkernels.operators import YARDSTICK
 
 # logical N, C, spatial shapes (NXC workloads take the same ones), by element count:
 # latency-bound tiny calls, L2 (2 MB here), last-level cache (32 MB), then DRAM
@@ -58,7 +60,7 @@ def check_arguments(parser, args):
 
 def sweep_workloads(op, mode, dtype, layout, max_elements=MAX_ELEMENTS):
     """The workloads of a sweep: :data:`SHAPES` up to ``max_elements`` elements."""
-    return [benchmarks.custom_workload(op, mode, shape, dtype, layout)
+    return [workloads.custom_workload(op, mode, shape, dtype, layout)
             for shape in SHAPES if math.prod(shape) <= max_elements]
 
 
@@ -69,24 +71,24 @@ def _time_state(calls, cache, repeat, warmup):
         for fn in calls.values():
             fn()
     t0 = time.perf_counter()
-    benchmarks.timed_medians(calls, cache, 1, warmup=0)
+    workloads.timed_medians(calls, cache, 1, warmup=0)
     trial = time.perf_counter() - t0
     rounds = int(min(max(POINT_SECONDS * repeat / trial, repeat), MAX_ROUND_SCALE * repeat))
-    return benchmarks.timed_medians(calls, cache, rounds, warmup=0), rounds
+    return workloads.timed_medians(calls, cache, rounds, warmup=0), rounds
 
 
 def time_point(workload, peers, threads, caches, repeat, warmup=1):
     """One size: a result dict per cache state (in the order of ``caches``)."""
-    X, params = benchmarks.make_inputs(workload)
-    nk = benchmarks.normkernels_call(workload, X, params, np.empty_like(X))
+    X, params = workloads.make_inputs(workload)
+    nk = workloads.normkernels_call(workload, X, params, np.empty_like(X))
     ours = nk()
-    roofline = benchmarks.roofline(workload)
-    others, skipped = benchmarks.comparison_calls(workload, X, params, peers, threads,
-                                                  baselines=(roofline,), yardstick=False)
+    roofline = workloads.roofline(workload)
+    others, skipped = workloads.comparison_calls(workload, X, params, peers, threads,
+                                                 baselines=(roofline,), yardstick=False)
     calls = {"normkernels": nk, **others}
     compared = [p for p in peers if p in calls]
-    agreement = {p: benchmarks.agreement(workload, calls[p](), ours) for p in compared}
-    nbytes = benchmarks.moved_bytes(workload, X)
+    agreement = {p: workloads.agreement(workload, calls[p](), ours) for p in compared}
+    nbytes = workloads.moved_bytes(workload, X)
     results = []
     for i, cache in enumerate(caches):
         medians, rounds = _time_state(calls, cache, repeat, warmup if i == 0 else 0)
@@ -96,7 +98,7 @@ def time_point(workload, peers, threads, caches, repeat, warmup=1):
             "shape": list(workload.layout_shape), "ncx_shape": list(workload.shape),
             "elements": X.size, "bytes": nbytes, "threads": threads, "cache": cache,
             "rounds": rounds, "roofline": roofline, "seconds": medians,
-            "gbps": benchmarks.gbps(workload, X, medians),
+            "gbps": workloads.gbps(workload, X, medians),
             "ratios": {p: medians[p] / medians["normkernels"] for p in compared},
             "skipped": skipped, "agreement": agreement})
     return results
@@ -117,7 +119,7 @@ def crossovers(results, peers, caches):
     return found
 
 
-def run_sweep(op, mode, dtype, layout, peers, caches=benchmarks.CACHE_STATES,
+def run_sweep(op, mode, dtype, layout, peers, caches=workloads.CACHE_STATES,
               max_elements=MAX_ELEMENTS, repeat=DEFAULT_REPEAT, warmup=1, threads=None,
               progress=None):
     """Time the sweep; returns its description, ``results`` (one per size and cache
@@ -126,23 +128,23 @@ def run_sweep(op, mode, dtype, layout, peers, caches=benchmarks.CACHE_STATES,
     import numba
 
     threads = threads or numba.get_num_threads()
-    workloads = sweep_workloads(op, mode, dtype, layout, max_elements)
-    if not workloads:
+    points = sweep_workloads(op, mode, dtype, layout, max_elements)
+    if not points:
         raise ValueError(f"no sweep size has at most {max_elements} elements")
     if "cold" in caches:
-        benchmarks.flusher()()  # allocated and compiled now, not in a size's trial round
+        workloads.flusher()()  # allocated and compiled now, not in a size's trial round
     results = []
-    for i, w in enumerate(workloads):
+    for i, w in enumerate(points):
         if progress is not None:
-            progress(i, len(workloads), w.name)
+            progress(i, len(points), w.name)
         results += time_point(w, peers, threads, caches, repeat, warmup)
         gc.collect()  # the inputs, outputs and peer sessions of a 100M size go now
     if progress is not None:
-        progress(len(workloads), len(workloads), "done")
+        progress(len(points), len(points), "done")
     results.sort(key=lambda r: caches.index(r["cache"]))  # stable: sizes stay in order
     return {"op": op, "mode": mode, "dtype": dtype, "data_format": layout,
             "caches": list(caches), "max_elements": max_elements, "repeat": repeat,
-            "shapes": [list(w.shape) for w in workloads], "peers": list(peers),
+            "shapes": [list(w.shape) for w in points], "peers": list(peers),
             "compared": [p for p in peers if any(p in r["ratios"] for r in results)],
             "results": results, "crossovers": crossovers(results, peers, caches)}
 
@@ -161,8 +163,6 @@ def _bytes(n):
 
 def sweep_rows(sweep, cache):
     """(rows, headers) of the table of one cache state."""
-    from normkernels.cli import _agrees
-
     peers = sweep["compared"]
     rows = []
     for r in (r for r in sweep["results"] if r["cache"] == cache):
@@ -174,7 +174,7 @@ def sweep_rows(sweep, cache):
             if peer not in r["ratios"]:
                 row += ["-", "-", "-"]
                 continue
-            mark = "" if _agrees(r, peer) else " !"
+            mark = "" if agrees(r, peer) else " !"
             row += [_us(s[peer]), f"{g[peer]:.3g}", f"{r['ratios'][peer]:.2f}x{mark}"]
         rows.append(row)
     roofline = sweep["results"][0]["roofline"]
@@ -256,16 +256,15 @@ def plot_sweep(sweep, environment, path):
 
 def command(args, peers, threads):
     """``normkernels bench --sweep``: time, print, and write --json/--markdown/--plot."""
-    from normkernels import model_timing
-    from normkernels.cli import YARDSTICK, _format_table, _progress, markdown_table
+    from normkernels.bench import model_timing
 
     op, mode = args.op or YARDSTICK, args.mode or "inference"
     dtype, layout = args.dtype or "float32", args.layout or "NCX"
-    caches = (args.cache,) if args.cache else benchmarks.CACHE_STATES
+    caches = (args.cache,) if args.cache else workloads.CACHE_STATES
     repeat = args.repeat or DEFAULT_REPEAT
     max_elements = args.sweep_max_elements or MAX_ELEMENTS
     try:
-        benchmarks.custom_workload(op, mode, (1, 1), dtype, layout)  # the flags' checks
+        workloads.custom_workload(op, mode, (1, 1), dtype, layout)  # the flags' checks
         sizes = len(sweep_workloads(op, mode, dtype, layout, max_elements))
         print(f"normkernels bench --sweep: {op} {mode}, {dtype}, {layout}, {sizes} sizes "
               f"up to {max_elements:,} elements, {' and '.join(caches)} caches; {threads} "
@@ -274,13 +273,13 @@ def command(args, peers, threads):
         load = _load_warning(threads)
         start = time.perf_counter()
         sweep = run_sweep(op, mode, dtype, layout, peers, caches, max_elements, repeat,
-                          args.warmup, threads, progress=_progress)
+                          args.warmup, threads, progress=progress)
     except ValueError as exc:
         print(f"normkernels bench: {exc}", file=sys.stderr)
         return 2
     print(f"swept in {time.perf_counter() - start:.0f} s")
     tables = {cache: sweep_rows(sweep, cache) for cache in caches}
-    _print_report(sweep, tables, _format_table)
+    _print_report(sweep, tables, format_table)
     environment = model_timing.environment()
     if args.json:
         with open(args.json, "w") as f:
