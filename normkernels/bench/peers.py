@@ -332,7 +332,7 @@ def openvino_peer(workload, X, params, threads):
         import openvino as ov
     except ImportError:
         raise Unavailable("openvino not installed") from None
-    if "bfloat16" in (X.dtype.name, np.asarray(params[0]).dtype.name):
+    if "bfloat16" in (X.dtype.name, *(np.asarray(p).dtype.name for p in params[:1])):
         # its Python API hands bf16 tensors over as float16 arrays; the results of a
         # bf16 model disagreed with every other implementation, so they are not shown
         raise Unavailable("bfloat16 not compared (OpenVINO's Python API exposes bf16 "
