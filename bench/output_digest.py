@@ -1,4 +1,5 @@
-"""Digest of every public result over the default bench suite and the test shapes.
+"""Digest of every public result over the default bench suite, the test shapes and
+the operator table's warmup cases.
 
     python bench/output_digest.py > before.json      # on the old code
     python bench/output_digest.py > after.json       # on the new code
@@ -100,6 +101,22 @@ def calls():
                     X, *p[:2], epsilon=1e-2, opset=6, **kw)
         yield f"moments {label}", lambda X=X, kw=kw: nk.moments(X, **kw)
         yield f"partial {label}", lambda X=X, kw=kw: tuple(nk.partial_moments(X, **kw))
+    yield from table_calls()
+
+
+def table_calls():
+    """Every warmup case of the operator table (every operator, forward and backward,
+    NCX and NXC, each path its cases force) in every dtype, on random data with an
+    offset: the operators the shapes above leave out (rows, groups, Lp, LRN, the
+    backward passes, oneDNN's training operations)."""
+    from normkernels.bench.cli import warmup_calls
+
+    def fill(rng, shape, dtype):
+        return (rng.standard_normal(shape) * 2 + 3).astype(dtype)
+
+    for dtype, op, case, path, call in warmup_calls(fill=fill):
+        yield (f"table {dtype}/{op.name}/{case.label}/{case.mode}/{case.data_format}/"
+               f"{path}"), call
 
 
 def inputs_sample(X, seed):
