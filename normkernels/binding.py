@@ -11,7 +11,7 @@ correct, no faster). The arrays must stay alive and keep their memory, as with
 io-binding; an ``out`` made read-only after binding is an error at the call.
 """
 
-from normkernels import api
+import normkernels.api as api
 from normkernels.engine import Engine
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import batch_norm_inference as _bni

@@ -28,7 +28,7 @@ import importlib
 
 import numpy as np
 
-from normkernels import api
+import normkernels.api as api
 from normkernels.operators import onnx_implemented
 
 _OPERATORS = onnx_implemented()  # (domain, op_type) -> record of normkernels.operators
