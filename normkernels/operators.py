@@ -10,7 +10,9 @@ module in ``normkernels/ops/``, its public function in its family's module of
 loops, and one record here (see CONTRIBUTING.md). A record's backward pass (mode
 "backward": workloads, the float64 check of dX, the torch peer, warmup and coldstart)
 is its ``backward`` field, the public gradient function, plus
-``mode_kwargs["backward"]``.
+``mode_kwargs["backward"]``. The parts a record is built from (:class:`Onnx`,
+:class:`WarmupCase`, the NumPy formulas the bench checks it with, and ``EPSILON``,
+``GROUPS``, ``BACKWARD``) are in :mod:`normkernels.operator_record`.
 
 Importing this module imports neither Numba nor the operators' spec modules.
 """
@@ -22,54 +24,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from normkernels.kernels.storage import BFLOAT16, FLOAT32
+from normkernels.operator_record import (
+    BACKWARD,
+    EPSILON,
+    GROUPS,
+    Onnx,
+    OperatorFormulas,
+    WarmupCase,
+)
 
 YARDSTICK = "batchnorm"  # BN inference: what other operators' times are compared with
-EPSILON = 1e-5  # the attributes every workload runs with (ONNX's defaults)
-GROUPS = 32  # group normalizations: the groups of every workload (fewer when C is not a multiple)
 LRN_SIZE = 5
 MOMENTUM = 0.9  # ONNX convention: weighs the old running value (PyTorch's is 1 - this)
-BACKWARD = "backward"  # the mode that runs a record's backward function (and its spec module)
 
 
 @dataclass(frozen=True)
-class Onnx:
-    """The ONNX operator a record implements (``implements``) or is compared with."""
-
-    op_type: str
-    versions: tuple  # since-versions; the last is the latest implemented
-    inputs: tuple  # input names, in order
-    reference_module: str  # onnx.reference.ops module holding the ONNX reference's op
-    implements: bool = True  # False: only the bench's peers use it (an equivalent)
-    domain: str = ""
-    required: int = None  # inputs the node must have (None: all); the rest are optional
-    versioned: bool = True  # the function takes ``opset`` (ONNX's operators, not contrib)
-    counts_outputs: bool = False  # the node's output count is the function's num_outputs
-
-    @property
-    def latest(self):
-        return self.versions[-1]
-
-    @property
-    def model_opset(self):
-        """The default-domain opset of a one-node model holding this operator."""
-        return self.latest if self.versioned and not self.domain else 17
-
-
-@dataclass(frozen=True)
-class WarmupCase:
-    """One call that compiles kernels: an NCX shape, a layout, a mode and the paths
-    to force (``threads``: the shape's N scales with the thread count)."""
-
-    label: str
-    ncx_shape: tuple
-    data_format: str = "NCX"
-    mode: str = "inference"
-    paths: tuple = ("serial", "parallel", "streaming")
-    per_thread: bool = False  # N = this many planes' worth per thread (fused paths)
-
-
-@dataclass(frozen=True)
-class Operator:
+class Operator(OperatorFormulas):
     """One public operator. ``family`` says what its workloads are and which formula
     the bench checks them with: NCX or NXC tensors with parameters per channel,
     "channel" (statistics per channel or per (n, c)) or "group" (per (n, group):
@@ -238,116 +208,6 @@ class Operator:
         spec = importlib.import_module(f"normkernels.ops.{module}")
         return getattr(spec, function)(*args, engine=engine, path=path, **kwargs)
 
-    def formula(self, X, params, mode, axis, dtype):
-        """What a NumPy user would write, in ``dtype``: Y (mean and variance for
-        moments; dX for mode "backward"); parameters broadcast along the channel
-        ``axis`` (row normalizations: over the last axis, parameters per column)."""
-        if mode == BACKWARD:
-            return self._backward_formula(X, params, axis, dtype)
-        if self.rows:
-            return self._row_formula(X, params, dtype)
-        if self.family in ("group", "lrn", "mvn"):
-            x = X if dtype == X.dtype else X.astype(dtype)
-            p = [v.astype(dtype) for v in params]
-            y = getattr(self, f"_{self.family}_formula")(np.moveaxis(x, axis, 1), p, dtype)
-            return np.moveaxis(y, 1, axis)
-        reduced = tuple(i for i in range(X.ndim) if i != axis)
-        shape = [1] * X.ndim
-        shape[axis] = -1
-        p = [v.astype(dtype).reshape(shape) for v in params]
-        x = X if dtype == X.dtype else X.astype(dtype)
-        eps = dtype.type(EPSILON)
-        if self.reads_only:
-            return x.mean(axis=reduced), x.var(axis=reduced)
-        if self.name == "instancenorm":
-            reduced = tuple(i for i in reduced if i != 0)
-        if mode == "training" or self.name == "instancenorm":
-            mean = x.mean(axis=reduced, keepdims=True)
-            var = x.var(axis=reduced, keepdims=True)
-        else:
-            mean, var = p[2], p[3]
-        return (x - mean) / np.sqrt(var + eps) * p[0] + p[1]
-
-    def _group_formula(self, x, p, dtype):  # x: NCX
-        N, C = x.shape[:2]
-        g = x.reshape(N, self.group_count(C), -1)
-        mean = g.mean(axis=-1, keepdims=True)
-        var = g.var(axis=-1, keepdims=True)
-        shape = (1, C) + (1,) * (x.ndim - 2)
-        y = ((g - mean) / np.sqrt(var + dtype.type(EPSILON))).reshape(x.shape)
-        return y * p[0].reshape(shape) + p[1].reshape(shape)
-
-    def _mvn_formula(self, x, p, dtype):
-        axes = (0, *range(2, x.ndim))
-        mean = x.mean(axis=axes, keepdims=True)
-        return (x - mean) / (np.sqrt(x.var(axis=axes, keepdims=True)) + dtype.type(1e-9))
-
-    def _lrn_formula(self, x, p, dtype):
-        size = self.mode_kwargs["inference"]["size"]
-        C = x.shape[1]
-        squares = x * x
-        total = np.zeros_like(x)
-        for c in range(C):  # the window of c: c - (size-1)//2 .. c + ceil((size-1)/2)
-            lo, hi = max(0, c - (size - 1) // 2), min(C - 1, c + size // 2)
-            total[:, c] = squares[:, lo:hi + 1].sum(axis=1)
-        return x / (dtype.type(1.0) + dtype.type(1e-4 / size) * total) ** dtype.type(0.75)
-
-    def _row_formula(self, X, params, dtype):
-        x = X if dtype == X.dtype else X.astype(dtype)
-        p = [v.astype(dtype) for v in params]
-        eps = dtype.type(EPSILON)
-        if self.family == "lp":
-            return x / np.sqrt((x * x).sum(axis=-1, keepdims=True))
-        if self.skip:  # input + skip (+ bias, the last parameter)
-            x = x + p[0] + p[-1]
-            p = p[1:-1]
-        if self.family == "rms":
-            return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * p[0]
-        mean = x.mean(axis=-1, keepdims=True)
-        y = (x - mean) / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * p[0]
-        return y + p[1] if len(p) > 1 else y
-
-    def _backward_formula(self, X, params, axis, dtype):
-        """dX = r * (g - <g> - x_hat * <g * x_hat>), g = dY * scale, <.> the mean over
-        each statistic group, r and x_hat from its mean and population variance (RMS:
-        no centring, dX = r * (g - x_hat * <g * x_hat>)); batch normalization takes
-        the given mean and var (params[2:]), the others recompute them from X."""
-        x = X if dtype == X.dtype else X.astype(dtype)
-        dy, gamma, *stats = [v if v.dtype == dtype else v.astype(dtype) for v in params]
-        eps = dtype.type(EPSILON)
-        if self.rows:  # statistic group: a row; scale per column
-            return self._gradient(x, dy * gamma, (-1,), eps, self.family == "layer")
-        x, dy = np.moveaxis(x, axis, 1), np.moveaxis(dy, axis, 1)  # NCX from here
-        shape = (1, -1) + (1,) * (x.ndim - 2)
-        g = dy * gamma.reshape(shape)
-        if self.family == "group":  # (n, group): its channels and spatial positions
-            grouped = (x.shape[0], self.group_count(x.shape[1]), -1)
-            dx = self._gradient(x.reshape(grouped), g.reshape(grouped), (-1,), eps)
-            dx = dx.reshape(x.shape)
-        elif self.batch_statistics:  # channel c, over N and spatial: the given statistics
-            reduced = (0, *range(2, x.ndim))
-            mean, var = (v.reshape(shape) for v in stats)
-            dx = self._gradient(x, g, reduced, eps, stats=(mean, var))
-        else:  # instance normalization: (n, c), over the spatial axes
-            dx = self._gradient(x, g, tuple(range(2, x.ndim)), eps)
-        return np.moveaxis(dx, 1, axis)
-
-    @staticmethod
-    def _gradient(x, g, axes, eps, centered=True, stats=None):
-        """dX of one normalization given g = dY * gamma, its groups reduced over ``axes``
-        (``stats``: their (mean, var), else computed from x)."""
-        if stats is not None:
-            mean, var = stats
-        elif centered:
-            mean, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
-        else:
-            mean, var = 0, (x * x).mean(axis=axes, keepdims=True)
-        r = 1 / np.sqrt(var + eps)
-        x_hat = (x - mean) * r
-        dx = g - x_hat * (g * x_hat).mean(axis=axes, keepdims=True)
-        if centered:
-            dx -= g.mean(axis=axes, keepdims=True)
-        return r * dx
 
     def coldstart_call(self, mode):
         """Source of a first call, for ``normkernels coldstart`` (X, p defined; the

@@ -9,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from normkernels.bench import cli, model_timing, report, workloads
+from normkernels.bench import cli, harness, model_timing, report, workloads
 from normkernels.operators import OPERATORS
 
 
@@ -272,7 +272,7 @@ def test_timed_medians_touches_warm_calls_and_flushes_cold_ones(monkeypatch):
     workloads.timed_medians(calls, "warm", 2, warmup=0)
     assert log == ["a", "a", "b", "b", "b", "b", "a", "a"]
     log.clear()
-    monkeypatch.setattr(workloads, "flusher", lambda: lambda: log.append("flush"))
+    monkeypatch.setattr(harness, "flusher", lambda: lambda: log.append("flush"))
     workloads.timed_medians(calls, "cold", 1, warmup=0)
     assert log == ["flush", "a", "flush", "b"]
     with pytest.raises(ValueError, match="warm or cold"):

@@ -45,7 +45,7 @@ from oracle import (
 )
 
 from normkernels import reference
-from normkernels.engine import PATHS, policy, threads
+from normkernels.engine import PATHS, numba_launch, policy, threads
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.kernels import backward as backward_kernels
@@ -656,10 +656,11 @@ def test_every_route_has_a_case():
 
 def launched_kernels():
     """Names of the kernels the Numba engine launches: ``loops.X``, ``reductions.X``,
-    ``instance.X`` that are Numba dispatchers."""
-    tree = ast.parse(inspect.getsource(engine_module))
+    ``instance.X`` that are Numba dispatchers (in the engine's module and in the launch
+    sequences its methods share)."""
     names = set()
-    for node in ast.walk(tree):
+    for node in (n for module in (engine_module, numba_launch)
+                 for n in ast.walk(ast.parse(inspect.getsource(module)))):
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id in KERNEL_MODULES):
             if isinstance(getattr(KERNEL_MODULES[node.value.id], node.attr, None), Dispatcher):

@@ -1,0 +1,108 @@
+"""The launch sequences the Numba engine's methods share: the scale-shift loops
+(planes or periodic parameter tables, on each path) and the per-channel statistics
+(partials by planes, by rows or by samples, then their merge).
+
+Each takes flat storage views and a resolved path; the caller
+(:class:`normkernels.engine.numba_engine.NumbaEngine`) has chosen the route. Parallel
+kernels have one-thread twins (same source, same bits) that run on the serial path
+(:func:`_kernel`).
+"""
+
+import numpy as np
+
+from normkernels.engine import policy
+from normkernels.engine.policy import took
+from normkernels.engine.threads import launch_guard
+from normkernels.kernels import inference, instance
+from normkernels.kernels import scale_shift as loops
+from normkernels.kernels import statistics as reductions
+from normkernels.kernels.options import MIN_PLANE
+
+
+def parameter_tables(C, S, mean, a, b):
+    """Per-element parameter tables of one period (``P`` elements) plus padding."""
+    period, pad = policy.table_period(C, S)
+    tables = np.empty((3, period + pad), mean.dtype)
+    inference.fill_tables(C, S, mean, a, b, *tables)
+    return period, *tables
+
+
+def _kernel(parallel, serial, path):
+    """The parallel kernel, or on the serial path its one-thread twin."""
+    return serial if path == "serial" else parallel
+
+
+def _planes_loop(S):
+    return "planes" if S >= MIN_PLANE else "short-planes"
+
+
+def _scale_shift(xs, ys, C, S, mean, a, b, path):
+    if policy.use_planes(C, S, mean.itemsize):
+        loop = _planes_loop(S)
+        if path == "serial":
+            took("scale_shift", loop, "serial")
+            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
+        elif path == "streaming" and S >= MIN_PLANE:
+            took("scale_shift", "planes", "streaming")
+            loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b,
+                                               policy.block_size(xs.size))
+        else:
+            took("scale_shift", loop, "parallel")
+            loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b,
+                                              policy.block_size(xs.size))
+        return
+    took("scale_shift", "periodic", path)
+    period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
+    if path == "serial":
+        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
+    elif path == "streaming":
+        loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t,
+                                             policy.block_size(xs.size))
+    else:
+        loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t,
+                                            policy.block_size(xs.size))
+
+
+def _plane_moments(xs, C, S, count, mean, m2, path):
+    """Per-channel statistics by the planes kernel: partials per (plane, chunk),
+    merged plane by plane (channel ``p % C`` of plane ``p``)."""
+    chunks = -(-S // reductions.PLANE_CHUNK)
+    part_mean = np.empty(xs.size // S * chunks)
+    part_m2 = np.empty_like(part_mean)
+    with launch_guard(path):
+        _kernel(reductions.plane_partials, reductions.plane_partials_serial, path)(
+            xs, S, part_mean, part_m2)
+    reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
+
+
+def _sample_block_rows(C, R):
+    """Rows per block of the per-sample statistics (and of the one-launch normalize)."""
+    return policy.rows_per_block(C, reductions.COLUMN_TILE, most=min(R, policy.MAX_ROWS_PER_BLOCK))
+
+
+def _sample_moments(xs, N, C, R, group, mean, m2, path):
+    """Per-(n, group) (mean, M2) of NXC memory (``N`` samples of ``R`` rows of ``C``):
+    column partials per block of rows, merged per group in order."""
+    rows = _sample_block_rows(C, R)
+    part_mean = np.empty((N * -(-R // rows), C))
+    part_m2 = np.empty_like(part_mean)
+    with launch_guard(path):
+        _kernel(reductions.row_partials, reductions.row_partials_serial, path)(
+            xs, C, R, rows, part_mean, part_m2)
+        _kernel(instance.merge_sample_rows, instance.merge_sample_rows_serial, path)(
+            part_mean, part_m2, group, R, rows, mean, m2)
+
+
+def _row_moments(xs, P, C, S, count, mean, m2, path):
+    n_rows = xs.size // P
+    if n_rows == 0:
+        return
+    rows = policy.rows_per_block(P, reductions.COLUMN_TILE)
+    n_blocks = -(-n_rows // rows)
+    part_mean = np.empty((n_blocks, P))
+    part_m2 = np.empty((n_blocks, P))
+    with launch_guard(path):
+        _kernel(reductions.row_partials, reductions.row_partials_serial, path)(
+            xs, P, n_rows, rows, part_mean, part_m2)
+        _kernel(reductions.merge_rows, reductions.merge_rows_serial, path)(
+            part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)
