@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from normkernels.kernels.storage import BFLOAT16, FLOAT32
+from normkernels.dtypes import BFLOAT16, FLOAT32
 
 YARDSTICK = "batchnorm"  # BN inference: what other operators' times are compared with
 EPSILON = 1e-5  # the attributes every workload runs with (ONNX's defaults)

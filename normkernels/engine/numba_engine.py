@@ -9,6 +9,13 @@ source, same bits) that run on the serial path.
 
 import numpy as np
 
+from normkernels.dtypes import (
+    FLOAT32,
+    FLOAT64,
+    compute_dtype,
+    row_compute_dtype,
+    storage_view,
+)
 from normkernels.engine import Engine, policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
@@ -18,13 +25,6 @@ from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE, VECTOR_BYTES
-from normkernels.kernels.storage import (
-    FLOAT32,
-    FLOAT64,
-    compute_dtype,
-    row_compute_dtype,
-    storage_view,
-)
 
 
 def _views(x, y):

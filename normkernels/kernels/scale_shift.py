@@ -1,7 +1,7 @@
 """Fused normalize-scale-shift loops: ``y = (x - mean) * a + B`` per channel.
 
 Every kernel here takes flat, C-contiguous storage arrays ``x`` and ``y`` (see
-:mod:`normkernels.kernels.storage`; ``y`` may be ``x``) and per-channel parameters
+:mod:`normkernels.dtypes`; ``y`` may be ``x``) and per-channel parameters
 already folded by the spec layer into the compute dtype (float32, or float64 for
 float64 storage): ``mean``, ``a = scale / sqrt(var + epsilon)`` and ``B``.
 
