@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from normkernels.kernels.storage import BFLOAT16, FLOAT32
+from normkernels.dtypes import BFLOAT16, FLOAT32
 from normkernels.operator_record import (
     BACKWARD,
     EPSILON,

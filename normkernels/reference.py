@@ -28,8 +28,8 @@ result, the C library's pow) are in :mod:`normkernels.reference_lp`.
 
 import numpy as np
 
+from normkernels.dtypes import FLOAT64, compute_dtype, row_compute_dtype
 from normkernels.engine import Engine
-from normkernels.kernels.storage import FLOAT64, compute_dtype, row_compute_dtype
 from normkernels.ops import backward as _bwd
 from normkernels.ops import batch_norm_inference as _bni
 from normkernels.ops import batch_normalization as _bn
@@ -279,7 +279,7 @@ def fold_parameters(scale, B, mean, var, epsilon, dtype):
 
 def fold_rows(mean, var, epsilon, centered, dtype):
     """Per-row ``(m, a, c)`` in the row compute dtype of ``dtype`` (float32 for 16-bit
-    X, else float64: :func:`normkernels.kernels.storage.row_compute_dtype`) such that
+    X, else float64: :func:`normkernels.dtypes.row_compute_dtype`) such that
     ``(x - m) * a + c`` is ``(x - mean) / sqrt(var + epsilon)``: the rule the row
     kernels follow (:func:`normkernels.kernels.rows.fold_row`). ``a`` is computed in
     float64 and rounded once; ``m`` is the mean rounded to the compute dtype and ``c``

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from normkernels.kernels.storage import FLOAT64
+from normkernels.dtypes import FLOAT64
 
 LP_TINY = 1e-290  # the kernels' thresholds (normkernels.kernels.lp)
 LP_PRESCALE_LIMIT = 1000

@@ -34,15 +34,15 @@ def conversion_sample():
 
 def _vector_conversion(dtype, direction):
     """An ``@njit`` loop converting 32 elements at a time with the vector bodies' own
-    IR builders (``vectors._storage_codec``): ``direction`` "narrow" (float32 ->
+    IR builders (``vectors.storage_codec``): ``direction`` "narrow" (float32 ->
     16-bit bits) or "widen"."""
     from llvmlite import ir
     from numba import njit, types
     from numba.core.extending import intrinsic
 
-    from normkernels.kernels.vectors import _storage_codec
+    from normkernels.kernels.vectors import storage_codec
 
-    lanes, _, widen, narrow = _storage_codec(dtype)
+    lanes, _, widen, narrow = storage_codec(dtype)
     i16, f32 = ir.IntType(16), ir.FloatType()
     source, target, build = (f32, i16, narrow) if direction == "narrow" else (i16, f32, widen)
 

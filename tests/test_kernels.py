@@ -12,11 +12,11 @@ from arrays import FLOAT_IDS, FLOATS, assert_identical, random_params
 from numba import njit
 
 from normkernels import reference
+from normkernels.dtypes import BFLOAT16, FLOAT16, storage_view
 from normkernels.engine import PATHS, policy
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.kernels import backward, scale_shift
 from normkernels.kernels.elements import load, store
-from normkernels.kernels.storage import BFLOAT16, FLOAT16, storage_view
 from normkernels.ops import batch_normalization as bn_spec
 
 # (shape, data_format): planes with tails, short planes (periodic tables), channels

@@ -229,8 +229,8 @@ def test_float64_results_round_once_to_16_bits(dtype):
     float32 step first (ml_dtypes' float64 cast) gives 1."""
     from numba import njit
 
+    from normkernels.dtypes import storage_view
     from normkernels.kernels import lp as lp_kernels
-    from normkernels.kernels.storage import storage_view
 
     @njit
     def store_all(arr, values):

@@ -33,7 +33,7 @@ from normkernels.bench.harness import (
 )
 from normkernels.bench.harness import CacheFlusher as CacheFlusher  # re-exported
 from normkernels.bench.harness import flusher as flusher  # re-exported
-from normkernels.kernels.storage import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+from normkernels.dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 from normkernels.operators import BACKWARD, OPERATORS, YARDSTICK, operator
 
 DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64": FLOAT64}
@@ -290,7 +290,7 @@ def baseline_calls(X, out, other=None):
     ordinary stores), a parallel read-only sum, and with ``other`` (an array of X's
     shape and dtype: a backward pass's dY) ``add``: out = X + other (parallel; one
     thread below ``SERIAL_COPY_BYTES`` of X; on the bits for 16-bit dtypes)."""
-    from normkernels.kernels.storage import storage_view
+    from normkernels.dtypes import storage_view
 
     parallel_copy, parallel_axpb, parallel_read, parallel_add = _roofline_kernels()
     x = storage_view(X.reshape(-1))

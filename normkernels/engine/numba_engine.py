@@ -11,6 +11,13 @@ methods share (the scale-shift loops, the per-channel statistics) are in
 
 import numpy as np
 
+from normkernels.dtypes import (
+    FLOAT32,
+    FLOAT64,
+    compute_dtype,
+    row_compute_dtype,
+    storage_view,
+)
 from normkernels.engine import Engine, policy
 from normkernels.engine.numba_launch import (
     _kernel,
@@ -27,13 +34,6 @@ from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE, VECTOR_BYTES
-from normkernels.kernels.storage import (
-    FLOAT32,
-    FLOAT64,
-    compute_dtype,
-    row_compute_dtype,
-    storage_view,
-)
 
 
 def _views(x, y):

@@ -40,7 +40,7 @@ from normkernels.kernels.options import (
     KERNEL_OPTIONS,
     VECTOR_BYTES,
 )
-from normkernels.kernels.scale_shift import _elements_to_alignment
+from normkernels.kernels.scale_shift import elements_to_alignment
 from normkernels.kernels.statistics import (
     CANCELLATION_LIMIT,
     COLUMN_TILE,
@@ -48,9 +48,9 @@ from normkernels.kernels.statistics import (
     PLANE_CHUNK,
     ROW_UNROLL,
     SUB_BLOCK,
-    _deviation,
-    _span_two_pass,
     chan_merge,
+    deviation,
+    span_two_pass,
 )
 from normkernels.kernels.vectors import prefetch, store_fence, stream_grad, stream_grad_tables
 
@@ -126,7 +126,7 @@ def _chunk_moment_sums(x, dy):
         if correction <= b * CANCELLATION_LIMIT:
             mean_b, m2_b, s1_b, s2_b = shift + a / k, b - correction, c, d - (a / k) * c
         else:
-            mean_b, m2_b = _span_two_pass(xs)
+            mean_b, m2_b = span_two_pass(xs)
             s1_b, s2_b = _span_sums(xs, gs, mean_b)
         if lo == 0:
             ref = mean_b
@@ -225,15 +225,15 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
                 a2 = np.float64(load(g2, j))
                 a3 = np.float64(load(g3, j))
                 s1[j] += (a0 + a1) + (a2 + a3)
-                s2[j] += ((a0 * _deviation(x0, j, m[j]) + a1 * _deviation(x1, j, m[j]))
-                          + (a2 * _deviation(x2, j, m[j]) + a3 * _deviation(x3, j, m[j])))
+                s2[j] += ((a0 * deviation(x0, j, m[j]) + a1 * deviation(x1, j, m[j]))
+                          + (a2 * deviation(x2, j, m[j]) + a3 * deviation(x3, j, m[j])))
             r += ROW_UNROLL
         for tail in range(r, last):
             xr, gr = x[tail * P + j0:tail * P + j1], dy[tail * P + j0:tail * P + j1]
             for j in range(width):
                 a = np.float64(load(gr, j))
                 s1[j] += a
-                s2[j] += a * _deviation(xr, j, m[j])
+                s2[j] += a * deviation(xr, j, m[j])
         part1[blk, j0:j1] = s1
         part2[blk, j0:j1] = s2
 
@@ -257,7 +257,7 @@ def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
         for r in range(first, last):
             xr = x[r * P + j0:r * P + j1]
             for j in range(width):
-                m[j] += _deviation(xr, j, shift[j])
+                m[j] += deviation(xr, j, shift[j])
         for j in range(width):
             m[j] = shift[j] + m[j] / (last - first)
         q = np.zeros(width)
@@ -266,7 +266,7 @@ def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
         for r in range(first, last):
             xr, gr = x[r * P + j0:r * P + j1], dy[r * P + j0:r * P + j1]
             for j in range(width):
-                d = _deviation(xr, j, m[j])
+                d = deviation(xr, j, m[j])
                 a = np.float64(load(gr, j))
                 q[j] += d * d
                 s1[j] += a
@@ -385,7 +385,7 @@ def _stream_run(x, dy, dx, lo, hi, m, a, b, k):
     """:func:`_apply_run` of ``lo..hi-1`` with streaming stores: a scalar head up to
     dx's 64-byte alignment, streaming vectors, a scalar tail."""
     width = VECTOR_BYTES // dx.itemsize
-    head = min(hi - lo, _elements_to_alignment(dx[lo:hi]))
+    head = min(hi - lo, elements_to_alignment(dx[lo:hi]))
     body_end = lo + head + (hi - lo - head) // width * width
     _apply_run(x[lo:lo + head], dy[lo:lo + head], dx[lo:lo + head], m, a, b, k)
     for i in range(lo + head, body_end, width):
@@ -419,7 +419,7 @@ def apply_rows_streaming(x, dy, dx, P, rows_per_block, m, a, b, k):
     for blk in prange((n_rows + rows_per_block - 1) // rows_per_block):
         lo = blk * rows_per_block * P
         hi = min(n_rows, (blk + 1) * rows_per_block) * P
-        head = min(hi - lo, _elements_to_alignment(dx[lo:hi]))
+        head = min(hi - lo, elements_to_alignment(dx[lo:hi]))
         body_end = lo + head + (hi - lo - head) // width * width
         _apply_flat(x, dy, dx, lo, lo + head, P, m, a, b, k)
         phase = (lo + head) % P

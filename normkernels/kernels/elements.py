@@ -1,7 +1,7 @@
 """Element loads and stores for every storage dtype, usable inside ``@njit`` code.
 
 Numba cannot type ``np.float16`` or ``ml_dtypes.bfloat16`` arrays, so 16-bit tensors
-reach the kernels as integer views (see :mod:`normkernels.kernels.storage`):
+reach the kernels as integer views (see :mod:`normkernels.dtypes`):
 
 =========  ============  ==============
 dtype      storage view  compute dtype

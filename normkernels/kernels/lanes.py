@@ -32,7 +32,7 @@ from numba.core.extending import intrinsic, models, overload, register_model
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.elements import load
 from normkernels.kernels.options import INLINE_OPTIONS
-from normkernels.kernels.vectors import _storage_codec
+from normkernels.kernels.vectors import storage_codec
 
 LANES64 = 16  # float64 lanes of one accumulator (128 bytes)
 LANES32 = 32  # float32 lanes of one accumulator (128 bytes)
@@ -85,7 +85,7 @@ def zeros(typingctx, like):
 
 def _load(context, builder, arrty, arr, index, count):
     """``arr[index:index + count]`` widened to float32 (16-bit storage) or kept."""
-    _, elem, widen, _ = _storage_codec(arrty.dtype)
+    _, elem, widen, _ = storage_codec(arrty.dtype)
     data = context.make_array(arrty)(context, builder, arr).data
     ptr = builder.bitcast(builder.gep(data, [index]), ir.VectorType(elem, count).as_pointer())
     value = builder.load(ptr, align=arrty.dtype.bitwidth // 8)
@@ -95,7 +95,7 @@ def _load(context, builder, arrty, arr, index, count):
 def _loaded_lanes(typingctx, x, index, like):
     if not (isinstance(x, types.Array) and x.ndim == 1 and x.layout in "CF"
             and isinstance(index, types.Integer)
-            and _compute(like) is not None and _storage_codec(x.dtype) is not None):
+            and _compute(like) is not None and storage_codec(x.dtype) is not None):
         return None
     if x.dtype == types.float64 and like != types.float64:
         return None

@@ -1,7 +1,7 @@
 """Fused normalize-scale-shift loops: ``y = (x - mean) * a + B`` per channel.
 
 Every kernel here takes flat, C-contiguous storage arrays ``x`` and ``y`` (see
-:mod:`normkernels.kernels.storage`; ``y`` may be ``x``) and per-channel parameters
+:mod:`normkernels.dtypes`; ``y`` may be ``x``) and per-channel parameters
 already folded by the spec layer into the compute dtype (float32, or float64 for
 float64 storage): ``mean``, ``a = scale / sqrt(var + epsilon)`` and ``B``.
 
@@ -52,7 +52,7 @@ _INLINE = INLINE_OPTIONS
 
 
 @njit(**_INLINE)
-def _elements_to_alignment(y):
+def elements_to_alignment(y):
     """How many elements from ``y[0]`` to the next 64-byte boundary (``y`` aligned)."""
     misalignment = y.ctypes.data & (VECTOR_BYTES - 1)
     if misalignment == 0:
@@ -70,7 +70,7 @@ def _blocks(y, block):
     two run scalar heads and tails (see ``scale_shift._blocks`` in docs/design.md).
     """
     n = y.size
-    first = min(n, _elements_to_alignment(y))
+    first = min(n, elements_to_alignment(y))
     return first, max(1, (n - first + block - 1) // block)
 
 
@@ -151,7 +151,7 @@ def planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
     """Elements ``lo..hi-1`` of planes of ``S >= MIN_PLANE``: scalar head to 64-byte
     alignment, vectors across plane boundaries, scalar tail."""
     width = VECTOR_BYTES // y.itemsize
-    head = min(hi - lo, _elements_to_alignment(y[lo:hi]))
+    head = min(hi - lo, elements_to_alignment(y[lo:hi]))
     body_end = lo + head + (hi - lo - head) // width * width
     planes_scalar(x, y, lo, lo + head, C, S, mean, a, b)
     i = lo + head
@@ -185,7 +185,7 @@ def _periodic_range(x, y, lo, hi, P, mean, a, b, tables):
     ys = y[lo:hi]
     n = hi - lo
     phase = lo % P
-    head = min(n, _elements_to_alignment(ys))
+    head = min(n, elements_to_alignment(ys))
     body = head + (n - head) // width * width
     run_tables(xs[:head], ys[:head], mean[phase:], a[phase:], b[phase:])
     phase += head

@@ -67,13 +67,13 @@ def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
 
 
 @njit(**_INLINE)
-def _deviation(x, i, shift):
+def deviation(x, i, shift):
     """``x[i] - shift`` in float64."""
     return np.float64(load(x, i)) - shift
 
 
 @njit(**_INLINE)
-def _span_two_pass(x):
+def span_two_pass(x):
     """(mean, M2) of a slice by two passes: sum, then squared deviations."""
     shift = np.float64(load(x, 0))
     if not math.isfinite(shift):  # x - inf would turn an infinite mean into NaN
@@ -148,7 +148,7 @@ def _span(x):
     correction = s1 * s1 / x.size
     if correction <= s2 * CANCELLATION_LIMIT:
         return shift + s1 / x.size, s2 - correction
-    return _span_two_pass(x)
+    return span_two_pass(x)
 
 
 @njit(**_INLINE)
@@ -206,7 +206,7 @@ def _rows_two_pass(x, P, first, last, j0, mean, m2):
     for r in range(first, last):
         row = x[r * P + j0:r * P + j0 + mean.size]
         for j in range(row.size):
-            mean[j] += _deviation(row, j, shift[j])
+            mean[j] += deviation(row, j, shift[j])
     inv = 1.0 / (last - first)
     for j in range(mean.size):
         mean[j] = shift[j] + mean[j] * inv
@@ -260,17 +260,17 @@ def row_partials(x, P, rows_per_sample, rows_per_block, part_mean, part_m2):
             r2 = x[(r + 2) * P + j0:(r + 2) * P + j1]
             r3 = x[(r + 3) * P + j0:(r + 3) * P + j1]
             for j in range(width):
-                d0 = _deviation(r0, j, shift[j])
-                d1 = _deviation(r1, j, shift[j])
-                d2 = _deviation(r2, j, shift[j])
-                d3 = _deviation(r3, j, shift[j])
+                d0 = deviation(r0, j, shift[j])
+                d1 = deviation(r1, j, shift[j])
+                d2 = deviation(r2, j, shift[j])
+                d3 = deviation(r3, j, shift[j])
                 s1[j] += (d0 + d1) + (d2 + d3)
                 s2[j] += (d0 * d0 + d1 * d1) + (d2 * d2 + d3 * d3)
             r += ROW_UNROLL
         for tail in range(r, last):
             row = x[tail * P + j0:tail * P + j1]
             for j in range(width):
-                d = _deviation(row, j, shift[j])
+                d = deviation(row, j, shift[j])
                 s1[j] += d
                 s2[j] += d * d
         n = last - first

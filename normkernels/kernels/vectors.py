@@ -124,7 +124,7 @@ def _narrow_bf16_vector(builder, value, count):
     return result
 
 
-def _storage_codec(dtype):
+def storage_codec(dtype):
     """(lanes, element IR type, widen, narrow) of one 64-byte vector of ``dtype``."""
     if dtype == types.float32:
         return 16, _F32, None, None
@@ -215,7 +215,7 @@ def _codegen(mode, nontemporal):
     def codegen(context, builder, sig, args):
         xty, yty = sig.args[0], sig.args[1]
         index = context.cast(builder, args[2], sig.args[2], types.intp)
-        lanes, elem, widen, narrow = _storage_codec(yty.dtype)
+        lanes, elem, widen, narrow = storage_codec(yty.dtype)
         xv = _load_vector(builder, _element_ptr(context, builder, xty, args[0], index),
                           lanes, elem, xty.dtype.bitwidth // 8)
         if widen is not None:
@@ -232,7 +232,7 @@ def _codegen(mode, nontemporal):
 
 def _arrays_ok(x, y, index):
     return (isinstance(x, types.Array) and isinstance(y, types.Array) and x.dtype == y.dtype
-            and _storage_codec(y.dtype) is not None and isinstance(index, types.Integer))
+            and storage_codec(y.dtype) is not None and isinstance(index, types.Integer))
 
 
 def _compute_type(y):
@@ -287,7 +287,7 @@ def _row_codegen(nontemporal):
     def codegen(context, builder, sig, args):
         xty, yty = sig.args[0], sig.args[2]
         xi, yi, j = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (1, 3, 9))
-        lanes, elem, widen, narrow = _storage_codec(yty.dtype)
+        lanes, elem, widen, narrow = storage_codec(yty.dtype)
         xv = _load_vector(builder, _element_ptr(context, builder, xty, args[0], xi),
                           lanes, elem, xty.dtype.bitwidth // 8)
         if widen is not None:
@@ -336,7 +336,7 @@ def _grad_codegen(tables):
     def codegen(context, builder, sig, args):
         dxty = sig.args[2]
         index = context.cast(builder, args[3], sig.args[3], types.intp)
-        lanes, elem, widen, narrow = _storage_codec(dxty.dtype)
+        lanes, elem, widen, narrow = storage_codec(dxty.dtype)
         xv, dv = (_load_vector(builder, _element_ptr(context, builder, sig.args[j], args[j],
                                                      index), lanes, elem,
                                sig.args[j].dtype.bitwidth // 8) for j in (0, 1))

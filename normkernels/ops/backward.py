@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from normkernels.kernels.storage import FLOAT64, compute_dtype
+from normkernels.dtypes import FLOAT64, compute_dtype
 from normkernels.ops import common
 from normkernels.ops.common import ALL_FLOATS
 

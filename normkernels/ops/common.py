@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from normkernels.kernels.storage import (
+from normkernels.dtypes import (
     BFLOAT16,
     FLOAT16,
     FLOAT32,

@@ -17,7 +17,7 @@ Where normkernels decides what the spec leaves open or the reference gets wrong:
 * the norm is accumulated and the quotient computed in float64 for every dtype,
   rounded once to T; a float64 sum of squares that overflows or underflows for a
   finite nonzero vector is recomputed from the vector scaled by a power of two
-  (:mod:`normkernels.kernels.lp`).
+  (the loops: ``kernels/lp.py``).
 """
 
 import math

@@ -22,7 +22,7 @@ What normkernels decides where the spec is silent:
   |x| above about 1e154, make the base infinite and Y zero);
 * ``data_format="NXC"`` (channels last, N x D1 ... Dk x C) is an extension;
 * arithmetic is float64 for every dtype, rounded once to T
-  (:mod:`normkernels.kernels.lrn`).
+  (the loops: ``kernels/lrn.py``).
 """
 
 from dataclasses import dataclass

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.kernels.storage import FLOAT32, FLOAT64, row_compute_dtype
+from normkernels.dtypes import FLOAT32, FLOAT64, row_compute_dtype
 from normkernels.ops import common, plans
 
 

@@ -1,4 +1,8 @@
-"""How each tensor dtype is stored for, and computed in, the kernels."""
+"""How each tensor dtype is stored for, and computed in, the kernels.
+
+NumPy and ml_dtypes only (no Numba): the spec layer, the engine, the kernels' callers
+and the tools all take their dtypes from here.
+"""
 
 import ml_dtypes
 import numpy as np
