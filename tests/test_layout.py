@@ -97,3 +97,10 @@ def test_imports_point_from_tools_to_integrations_to_core(part, never):
                     for n in deps if _part(n) in never)
     assert not upward, upward
 
+
+
+def test_the_spec_layer_does_not_import_the_kernels():
+    """ops/ says what to compute; what it needs of the loops goes through the engine."""
+    wrong = sorted((m, n) for m, deps in GRAPH.items() if m.startswith("normkernels.ops")
+                   for n in deps if n.startswith("normkernels.kernels"))
+    assert not wrong, wrong
