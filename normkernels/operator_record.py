@@ -41,6 +41,33 @@ class Onnx:
 
 
 @dataclass(frozen=True)
+class Chunked:
+    """How :mod:`normkernels.dask` runs a record on a chunked dask array.
+
+    ``strategy`` "whole" works for any record: the axes its statistics span
+    (``whole``) are rechunked to one chunk each and every block goes through the
+    public function, so each output is bitwise what normkernels gives. ``whole``:
+    "rows" (the axes from ``axis`` or ``begin_norm_axis`` on), "axis" (the one axis
+    ``axis``), "channel" (LRN's window), "sample" (all but N), "axes" (the ``axes``
+    attribute) or "channels" (all but the channel axis); a record with
+    ``data_format`` also keeps its channel axis whole (its parameters are per
+    channel). ``outputs``: the kind of each output the function can return, in
+    order: "X" (X's shape), "rows" (X's leading axes, the normalized ones kept as 1),
+    "lead" (X's leading axes only), "channel" (per channel) or "groups" (per (n,
+    group)).
+
+    The other strategies merge partial statistics across chunks, so no axis is
+    rechunked: "batch" (ONNX BatchNormalization: inference blockwise, training by
+    per-channel moments), "given" (statistics given: blockwise), "instance" and
+    "group" (per-(n, c) moments, merged per group), "rows" (per-row moments) and
+    "moments"."""
+
+    strategy: str
+    whole: str = None
+    outputs: tuple = ("X",)
+
+
+@dataclass(frozen=True)
 class WarmupCase:
     """One call that compiles kernels: an NCX shape, a layout, a mode and the paths
     to force (``threads``: the shape's N scales with the thread count)."""

@@ -85,7 +85,8 @@ GN_SPEC = "normkernels/ops/group_normalization.py"
 MVN_SPEC = "normkernels/ops/mean_variance_normalization.py"
 LP_K = "normkernels/kernels/lp.py"
 LRN_K = "normkernels/kernels/lrn.py"
-DASK = "normkernels/dask.py"
+DASK = "normkernels/dask/channels.py"
+DASK_WHOLE = "normkernels/dask/whole.py"
 BWD_SPEC = "normkernels/ops/backward.py"
 BWD_K = "normkernels/kernels/backward.py"
 BACKWARD = ["tests/test_backward.py"]
@@ -357,6 +358,11 @@ MUTATIONS = [
                  (DASK, "group_m2 = (m2 + count * (mean - group_mean) ** 2)",
                   "group_m2 = (m2 + 0 * (mean - group_mean) ** 2)")],
              ["tests/test_dask.py", "-k", "group"]),
+    mutation("dask-whole-axis-split/whole", "dask's whole strategy leaves the last of the "
+             "axes a record's statistics span chunked", [
+                 (DASK_WHOLE, "X = X.rechunk({i: -1 for i in axes})",
+                  "X = X.rechunk({i: -1 for i in axes[:-1]})")],
+             ["tests/test_dask.py", "-k", "every_record"]),
     mutation("epsilon-on-variance/mvn", "MeanVarianceNormalization adds 1e-9 to the variance",
              [(MVN_SPEC, "a64 = 1.0 / (np.sqrt(var) + EPSILON)",
                "a64 = 1.0 / np.sqrt(var + EPSILON)")], MVN),

@@ -542,3 +542,98 @@ def test_group_normalization_opset18_and_errors(rng):
                                 stash_type=2)
     with pytest.raises(TypeError, match=r"dask\.array\.Array"):
         nkd.group_normalization(X, np.ones(6, F32), np.ones(6, F32), num_groups=3)
+
+
+# --- every record of the table: its normkernels.dask function against normkernels ---
+
+def _table_cases():
+    from normkernels.operators import OPERATORS
+
+    for op in OPERATORS.values():
+        for mode in op.modes:
+            if mode == "backward":
+                continue
+            for fmt in op.layouts:
+                yield pytest.param(op, mode, fmt, id=f"{op.name}-{mode}-{fmt}")
+
+
+def _table_workload(rng, op, mode, fmt):
+    """X (per-sample, per-channel and per-row offsets and scales, so a block given
+    another block's statistics or parameters is far off) and the call's arguments."""
+    shape = (4, 6, 10) if op.rows else (4, 6, 5, 3)  # NCX; skip: (batch, seq, hidden)
+    offsets = rng.uniform(-3, 3, shape[:2] + (1,) * (len(shape) - 2))
+    X = (rng.standard_normal(shape) * rng.uniform(0.5, 2, offsets.shape) + offsets)
+    X = layout(X.astype(F32), fmt) if not op.rows else X.astype(F32)
+    axis = 1 if fmt == "NCX" else X.ndim - 1
+    C = op.columns(X.shape) if op.rows else X.shape[axis]
+    params = op.params(rng, C, F32, shape=X.shape, mode=mode, X=X, axis=axis)
+    kwargs = op.kwargs(mode, fmt, C)
+    return X, op.arguments(X, params, mode), kwargs
+
+
+def _all_outputs(op, kwargs):
+    """The call's keyword arguments asking for every output the record describes."""
+    import inspect
+
+    names = inspect.signature(getattr(nk, op.function)).parameters
+    kwargs = dict(kwargs)
+    if "num_outputs" in names and op.chunked.strategy == "whole":
+        kwargs["num_outputs"] = len(op.chunked.outputs)
+    if "keep_stats" in names:
+        kwargs["keep_stats"] = True
+    return kwargs
+
+
+@pytest.mark.parametrize("op,mode,fmt", list(_table_cases()))
+def test_every_record_runs_on_dask(rng, op, mode, fmt):
+    """Each record with ``chunked`` has ``normkernels.dask.<function>``; on X chunked
+    unevenly along every axis (the axes its statistics span too), with parameters as
+    dask arrays, every output matches single-machine normkernels: bitwise for the
+    strategies that only run blocks through normkernels ("whole", "given"), within
+    the merged statistics' error for the others."""
+    if op.chunked is None:
+        pytest.skip(f"{op.name}: no dask strategy in its record")
+    X, args, kwargs = _table_workload(rng, op, mode, fmt)
+    for kw in (kwargs, _all_outputs(op, kwargs)):
+        expected = getattr(nk, op.function)(*args, **kw)
+        lazy = [da.from_array(a, chunks=tuple(max(1, (s + 1) // 2) for s in a.shape))
+                if isinstance(a, np.ndarray) else a for a in args]
+        got = dask.compute(getattr(nkd, op.function)(*lazy, **kw))[0]
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(expected), (len(got), len(expected))
+        for k, (g, e) in enumerate(zip(got, expected, strict=True)):
+            assert g.shape == e.shape and g.dtype == e.dtype, (k, g.shape, e.shape, g.dtype)
+            if op.chunked.strategy in ("whole", "given"):
+                assert_identical(g, e)
+            else:  # statistics merged in another order: a few float32 roundings
+                scale = np.abs(e.astype(F64)).max() + 1
+                np.testing.assert_allclose(g.astype(F64), e.astype(F64), rtol=0,
+                                           atol=1e-5 * scale, err_msg=f"output {k}")
+
+
+def test_every_function_is_built_from_the_table():
+    """``normkernels.dask`` holds one function per record with ``chunked`` (and the
+    moment functions), named as normkernels names it, with its signature."""
+    import inspect
+
+    from normkernels.operators import OPERATORS
+
+    built = {op.function for op in OPERATORS.values() if op.chunked is not None}
+    assert built <= set(nkd.__all__)
+    assert set(nkd.__all__) - built == {"partial_moments", "row_moments"}
+    for op in OPERATORS.values():
+        if op.chunked is not None and op.chunked.strategy == "whole":
+            fn = getattr(nkd, op.function)
+            assert fn.__name__ == op.function
+            assert inspect.signature(fn) == inspect.signature(getattr(nk, op.function))
+
+
+def test_whole_strategy_refuses_out_and_checks_arguments_now(rng):
+    X = da.from_array(rng.standard_normal((4, 6, 10)).astype(F32), chunks=(2, 3, 5))
+    with pytest.raises(ValueError, match="out="):
+        nkd.lp_normalization(X, out=np.empty(X.shape, F32))
+    with pytest.raises(ValueError, match="axis"):  # at the call, not at compute
+        nkd.lp_normalization(X, axis=3)
+    with pytest.raises(TypeError, match="X must be a dask.array.Array"):
+        nkd.lrn(np.ones((2, 3, 4, 4), F32), size=3)

@@ -59,7 +59,7 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 def _part(module):
     if module.startswith(TOOLS_PREFIX) or module == "normkernels.__main__":
         return "tools"
-    if module in INTEGRATIONS:
+    if any(module == m or module.startswith(m + ".") for m in INTEGRATIONS):
         return "integrations"
     return "core"
 
