@@ -30,11 +30,35 @@ def compute_dtype(dtype):
 
 
 def storage_view(arr):
-    """``arr`` viewed as its storage dtype (no copy)."""
+    """``arr`` viewed as its storage dtype (no copy), writeable: what every kernel is
+    compiled for.
+
+    Numba types an array by its flags too, so a read-only input (``np.frombuffer``,
+    a memory map, ``np.broadcast_to``, an ONNX initializer) would compile every kernel
+    it reaches a second time, seconds into a server's life, and take Numba's slow
+    dispatch on every call. The kernels never write their inputs: a read-only array
+    is handed to them as a writeable array over the same memory (:class:`_Memory`),
+    so one specialization serves both."""
     dtype = arr.dtype
-    if dtype == FLOAT32 or dtype == FLOAT64:
+    if dtype != FLOAT32 and dtype != FLOAT64:
+        arr = arr.view(STORAGE_DTYPE[dtype])
+    if arr.flags.writeable:
         return arr
-    return arr.view(STORAGE_DTYPE[dtype])
+    return np.asarray(_Memory(arr))
+
+
+class _Memory:
+    """A read-only array's memory offered to NumPy as writeable (the kernels read it
+    only; outputs are checked writeable before they get here). It keeps the array
+    alive as long as the view of it lives."""
+
+    __slots__ = ("__array_interface__", "array")
+
+    def __init__(self, arr):
+        self.array = arr
+        interface = dict(arr.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
 
 
 def row_compute_dtype(dtype):

@@ -358,6 +358,10 @@ MUTATIONS = [
                  (DASK, "group_m2 = (m2 + count * (mean - group_mean) ** 2)",
                   "group_m2 = (m2 + 0 * (mean - group_mean) ** 2)")],
              ["tests/test_dask.py", "-k", "group"]),
+    mutation("read-only-type/compiles", "a read-only input reaches the kernels as a "
+             "read-only array (a second Numba specialization of every kernel it meets)", [
+                 ("normkernels/dtypes.py", "return np.asarray(_Memory(arr))", "return arr")],
+             ["tests/test_compiles.py"]),
     mutation("dask-whole-axis-split/whole", "dask's whole strategy leaves the last of the "
              "axes a record's statistics span chunked", [
                  (DASK_WHOLE, "X = X.rechunk({i: -1 for i in axes})",

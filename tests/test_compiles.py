@@ -1,0 +1,189 @@
+"""No call compiles after the first of its kind.
+
+For every (operator, mode, dtype, layout) of the table: one call, then the same call
+with read-only inputs, read-only parameters only, a strided view, a negative-stride
+view, ``out=`` given and ``out=X``, through ``bind``, the ONNX drop-in and the Dask
+path. No kernel may gain a specialization: a flag the loops do not use (read-only,
+writeable, contiguity of the caller's view) must not make a new Numba type, or a
+server compiles for seconds after its warm-up. Counted on every Numba dispatcher of
+``normkernels.kernels``; not a timing test.
+"""
+
+import importlib
+import pkgutil
+
+import numpy as np
+import pytest
+from numba.core.dispatcher import Dispatcher
+
+import normkernels as nk
+import normkernels.kernels as kernels_package
+from normkernels.operators import BACKWARD, OPERATORS
+
+
+def _dispatchers():
+    found = {}
+    for info in pkgutil.iter_modules(kernels_package.__path__):
+        module = importlib.import_module(f"normkernels.kernels.{info.name}")
+        for name, obj in vars(module).items():
+            if isinstance(obj, Dispatcher):
+                found[f"{info.name}.{name}"] = obj
+    return found
+
+
+DISPATCHERS = _dispatchers()
+
+
+def _signatures():
+    return {name: set(d.signatures) for name, d in DISPATCHERS.items()}
+
+
+def _new(before):
+    after = _signatures()
+    return {name: sorted(map(str, after[name] - before[name])) for name in after
+            if after[name] - before[name]}
+
+
+def _cases():
+    for op in OPERATORS.values():
+        for mode in op.modes:
+            for dtype in op.dtypes:
+                for fmt in op.layouts:
+                    yield pytest.param(op, mode, _dtype(dtype), fmt,
+                                       id=f"{op.name}-{mode}-{dtype}-{fmt}")
+
+
+def _dtype(name):
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def _workload(rng, op, mode, dtype, fmt):
+    shape = (4, 6, 40) if op.rows else (2, 6, 5, 7)  # NCX; skip: (batch, seq, hidden)
+    X = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    if fmt == "NXC" and not op.rows:
+        X = np.ascontiguousarray(np.moveaxis(X, 1, -1))
+    axis = 1 if fmt == "NCX" else X.ndim - 1
+    C = op.columns(X.shape) if op.rows else X.shape[axis]
+    return X, op.params(rng, C, dtype, shape=X.shape, mode=mode, X=X, axis=axis)
+
+
+def _read_only(a):
+    a = a.copy()
+    a.setflags(write=False)
+    return a
+
+
+def _strided(a):
+    """``a``'s values in a view with a step of 2 along the last axis."""
+    wide = np.empty((*a.shape[:-1], 2 * a.shape[-1]), a.dtype)
+    wide[..., ::2] = a
+    return wide[..., ::2]
+
+
+def _reversed(a):
+    """``a``'s values in a view with negative strides on the first axis."""
+    return a[::-1].copy()[::-1]
+
+
+def _output(result):
+    return result[0] if isinstance(result, tuple) else result
+
+
+@pytest.mark.parametrize("op,mode,dtype,fmt", list(_cases()))
+def test_no_call_compiles_after_the_first(rng, op, mode, dtype, fmt):
+    X, params = _workload(rng, op, mode, dtype, fmt)
+    call = op.call  # the public function with the record's arguments
+    entries = {"call": {  # the first variant of each entry point is its first call
+        "first call": lambda x=X, p=params: call(x, p, mode, fmt),
+        "read-only inputs": lambda: call(_read_only(X), tuple(map(_read_only, params)), mode,
+                                         fmt),
+        "read-only parameters": lambda: call(X, tuple(map(_read_only, params)), mode, fmt),
+        "strided view": lambda: call(_strided(X), params, mode, fmt),
+        "negative strides": lambda: call(_reversed(X), params, mode, fmt),
+    }}
+    if not op.reads_only:
+        out = np.empty_like(_output(call(X, params, mode, fmt)))
+        entries["call"]["out given"] = lambda: call(X, params, mode, fmt, out=out)
+        if mode != BACKWARD and out.dtype == X.dtype:
+            entries["call"]["out=X"] = lambda: _in_place(op, X.copy(), params, mode, fmt)
+        entries["call"]["bind"] = lambda: _bound(op, X, params, mode, fmt)()
+    # Dask's strategies that merge statistics run other kernels than the call (BN
+    # training normalizes with the merged statistics by the inference kernels): its
+    # own first call compiles those, and no later one may
+    if op.chunked is not None and mode != BACKWARD and _has("dask"):
+        entries["dask"] = {
+            "first dask call": lambda: _on_dask(op, X, params, mode, fmt),
+            "dask, read-only parameters": lambda: _on_dask(op, X, tuple(map(_read_only,
+                                                                             params)),
+                                                           mode, fmt),
+            "dask, strided X": lambda: _on_dask(op, _strided(X), params, mode, fmt)}
+    if (op.onnx is not None and op.onnx.implements and mode == "inference" and fmt == "NCX"
+            and _has("onnx")):
+        entries["onnx"] = {
+            "first run_node": lambda: _on_onnx(op, X, params),
+            "run_node, read-only initializers": lambda: _on_onnx(
+                op, X, tuple(map(_read_only, params)))}
+    compiled = {}
+    for variants in entries.values():
+        first, *later = variants.items()
+        first[1]()
+        before = _signatures()
+        for name, run in later:
+            try:
+                run()
+            except ValueError as exc:  # a variant the operator refuses (out=X, say)
+                if name != "out=X":
+                    raise
+                assert "out" in str(exc)
+            new = _new(before)
+            if new:
+                compiled[name] = new
+            before = _signatures()
+    assert not compiled, compiled
+
+
+def _in_place(op, X, params, mode, fmt):
+    return op.call(X, params, mode, fmt, out=X)
+
+
+def _bound(op, X, params, mode, fmt):
+    fn = getattr(nk, op.target(mode)[0])
+    kwargs = op.kwargs(mode, fmt, op.channel_count(X, fmt))
+    return nk.bind(fn, *op.arguments(X, params, mode), **kwargs)
+
+
+def _has(module):
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def _on_dask(op, X, params, mode, fmt):
+    """The Dask function on X in one chunk: its block is the first call's tensor."""
+    import dask
+    import dask.array as da
+
+    import normkernels.dask as nkd
+
+    args = [da.from_array(a, chunks=a.shape) if a.shape == X.shape else a
+            for a in op.arguments(X, params, mode)]
+    kwargs = op.kwargs(mode, fmt, op.channel_count(X, fmt))
+    return dask.compute(getattr(nkd, op.function)(*args, **kwargs), scheduler="sync")
+
+
+def _on_onnx(op, X, params):
+    """The ONNX drop-in's run_node on a one-node model of the record's operator."""
+    from onnx import helper
+
+    import normkernels.onnx as nko
+
+    args = op.arguments(X, params, "inference")
+    attrs = {k: v for k, v in op.kwargs("inference", "NCX", op.channel_count(X, "NCX")).items()
+             if k != "data_format"}
+    node = helper.make_node(op.onnx.op_type, list(op.onnx.inputs[:len(args)]), ["Y"],
+                            domain=op.onnx.domain or None, **attrs)
+    return nko.run_node(node, list(args), op.onnx.model_opset)
