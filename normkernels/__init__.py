@@ -14,7 +14,7 @@ __all__ = ["batch_norm_forward_training", "batch_norm_inference",
            "lrn", "mean_variance_normalization", "merge_moments", "moments",
            "partial_moments", "rms_norm", "rms_normalization",
            "rms_normalization_backward", "simplified_layer_normalization",
-           "skip_layer_normalization", "skip_simplified_layer_normalization"]
+           "skip_layer_normalization", "skip_simplified_layer_normalization", "warmup"]
 
 
 def __getattr__(name):
@@ -25,7 +25,10 @@ def __getattr__(name):
     if name in __all__:
         from normkernels import api, binding
 
-        value = binding.bind if name == "bind" else getattr(api, name)
+        if name == "warmup":
+            from normkernels.warm import warmup as value
+        else:
+            value = binding.bind if name == "bind" else getattr(api, name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'normkernels' has no attribute {name!r}")

@@ -187,3 +187,72 @@ def _on_onnx(op, X, params):
     node = helper.make_node(op.onnx.op_type, list(op.onnx.inputs[:len(args)]), ["Y"],
                             domain=op.onnx.domain or None, **attrs)
     return nko.run_node(node, list(args), op.onnx.model_opset)
+
+
+# --- after normkernels.warmup, no call of what it warmed compiles, at any size ---
+
+_AFTER_WARMUP = """
+import sys, json
+import numpy as np
+import normkernels as nk
+sys.path.insert(0, {tests!r})
+import test_compiles as tc
+from normkernels.operators import OPERATORS
+from normkernels.warm import DTYPES, _workload
+
+name, dtype, layouts = {name!r}, {dtype!r}, {layouts!r}
+nk.warmup([name], [dtype], layouts)
+op = OPERATORS[name]
+before = tc._signatures()
+rng = np.random.default_rng(1)
+compiled = []
+# shapes the warmup does not use, at every scale the size policy tells apart
+shapes = ([(1, 5), (3, 1000), (7, 33), (8192, 1024), (1, 200000)] if op.rows else
+          [(1, 3, 1, 1), (3, 5, 7, 9), (2, 7, 301), (1, 64, 56, 56), (16, 64, 112, 112),
+           (1, 1, 5000, 3)])
+for mode in op.modes:
+    for layout in layouts:
+        if layout not in op.layouts:
+            continue
+        for shape in shapes:
+            if op.family == "mvn" and len(shape) != 4:  # its default axes are 4-D ones
+                continue
+            X, params = _workload(rng, op, mode, DTYPES[dtype], layout, shape)
+            X = X + np.asarray(1, X.dtype)
+            with np.errstate(all="ignore"):
+                op.call(X, params, mode, layout)
+                op.call(tc._read_only(X), tuple(map(tc._read_only, params)), mode, layout)
+                op.call(tc._strided(X), params, mode, layout)
+            new = tc._new(before)
+            if new:
+                compiled.append([mode, layout, list(shape), sorted(new)])
+            before = tc._signatures()
+print(json.dumps(compiled))
+"""
+
+
+def _warm_cases():
+    for op in OPERATORS.values():
+        yield pytest.param(op.name, "float32", id=f"{op.name}-float32")
+    yield pytest.param("layernorm", "bfloat16", id="layernorm-bfloat16")
+    yield pytest.param("batchnorm", "float16", id="batchnorm-float16")
+
+
+@pytest.mark.parametrize("name,dtype", list(_warm_cases()))
+def test_after_warmup_no_call_compiles(name, dtype):
+    """In a fresh process: ``normkernels.warmup([name], [dtype])``, then calls of that
+    operator in every mode and layout at sizes from one element per channel to 12M
+    elements (shapes the warmup does not use), read-only and strided too: none
+    compiles anything."""
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    code = _AFTER_WARMUP.format(tests=str(pathlib.Path(__file__).parent), name=name,
+                                dtype=dtype, layouts=["NCX", "NXC"])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    compiled = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not compiled, compiled

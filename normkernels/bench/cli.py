@@ -285,20 +285,29 @@ def warmup_calls(dtypes=None, fill=None):
 
 
 def cmd_warmup(args):
-    """Compile (or load from the disk cache) every kernel for every dtype."""
-    calls = warmup_calls()
-    rows = []
+    """Compile (or load from the disk cache) every kernel of the operators, dtypes and
+    layouts chosen (default: all): normkernels.warmup."""
+    import normkernels
+
+    def split(value):
+        return None if value is None else value.split(",")
+
     start = time.perf_counter()
-    for i, (dtype, op, case, path, call) in enumerate(calls):
-        label = f"{op.name} {case.label}"
-        progress(i, len(calls), f"{dtype} {label} {path}")
-        t0 = time.perf_counter()
-        call()
-        rows.append([dtype, label, path, f"{(time.perf_counter() - t0) * 1e3:.0f}"])
-    progress(len(calls), len(calls), f"done in {time.perf_counter() - start:.1f} s")
-    rows.append(["all", "", "", f"{(time.perf_counter() - start) * 1e3:.0f}"])
-    print(format_table(rows, ["dtype", "operator: kernels", "path",
-                              "ms (compile or cache load)"]))
+    try:
+        done = normkernels.warmup(split(args.ops), split(args.dtypes), split(args.layouts),
+                                  progress=progress)
+    except ValueError as exc:
+        print(f"normkernels warmup: {exc}", file=sys.stderr)
+        return 2
+    total = time.perf_counter() - start
+    progress(len(done), len(done), f"done in {total:.1f} s")
+    by_op = {}
+    for label, seconds in done:
+        dtype, name = label.split()[:2]
+        by_op[(dtype, name)] = by_op.get((dtype, name), 0.0) + seconds
+    rows = [[dtype, name, f"{seconds * 1e3:.0f}"] for (dtype, name), seconds in by_op.items()]
+    rows.append(["all", f"{len(done)} calls", f"{total * 1e3:.0f}"])
+    print(format_table(rows, ["dtype", "operator", "ms (compile or cache load, and run)"]))
     return 0
 
 
@@ -362,7 +371,13 @@ def main(argv=None):
     cold.add_argument("--json", help="also write the results to this JSON file")
     cold.set_defaults(func=cmd_coldstart)
     sub.add_parser("info", help="versions, threads, cache").set_defaults(func=cmd_info)
-    sub.add_parser("warmup", help="compile every kernel now").set_defaults(func=cmd_warmup)
+    warm = sub.add_parser("warmup", help="compile every kernel now (or the kernels of some "
+                          "operators, dtypes, layouts): no later call compiles")
+    warm.add_argument("--ops", help="operators, comma-separated: " + ", ".join(OPERATORS)
+                      + " (or their function names; default: all)")
+    warm.add_argument("--dtypes", help="float16,bfloat16,float32,float64 (default: all)")
+    warm.add_argument("--layouts", help="NCX,NXC (default: both)")
+    warm.set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)
     if args.command == "bench":
         sweep.check_arguments(bench, args)

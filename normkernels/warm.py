@@ -1,0 +1,125 @@
+"""``normkernels.warmup``: compile (or load from the disk cache) every kernel the
+chosen operators, dtypes and layouts can run, so that no later call of them compiles
+anything, at any size, through any entry point.
+
+What runs, all from the operator table: each record's warmup cases (the calls that
+force each execution path on the shapes that pick each kernel variant, see
+:class:`normkernels.operator_record.WarmupCase`), then every mode of the record at
+the sizes the size policy tells apart: a tiny tensor (one thread), a medium one and
+one of 8M elements (threads, and streaming stores where the CPU has them), and a
+single long row for the row normalizations (a row split across threads).
+"""
+
+import functools
+import time
+
+import numpy as np
+
+from normkernels.dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
+from normkernels.operators import OPERATORS
+
+DTYPES = {"float16": FLOAT16, "bfloat16": BFLOAT16, "float32": FLOAT32, "float64": FLOAT64}
+LAYOUTS = ("NCX", "NXC")
+# NCX shapes of the generic calls: the sizes the size policy tells apart; to them
+# every record adds the shapes of all records' warmup cases of its kind (operators
+# share kernels: oneDNN's training runs batch normalization's)
+CHANNEL_SHAPES = ((2, 3, 4, 4), (4, 32, 28, 28), (8, 64, 128, 128))
+ROW_SHAPES = ((4, 768), (512, 768), (2048, 4096), (1, 70001))
+
+
+def _shapes(rows, threads):
+    cases = {(c.ncx_shape[0] * threads, *c.ncx_shape[1:]) if c.per_thread else c.ncx_shape
+             for op in OPERATORS.values() if op.rows == rows for c in op.warmup}
+    return tuple(dict.fromkeys((*(ROW_SHAPES if rows else CHANNEL_SHAPES), *sorted(cases))))
+
+
+def _select(label, given, known, aliases=None):
+    """The entries of ``known`` named by ``given`` (None: all), in their order."""
+    if given is None:
+        return list(known)
+    given = [given] if isinstance(given, str) else list(given)
+    aliases = aliases or {}
+    for g in given:
+        if g not in known and g not in aliases:
+            raise ValueError(f"normkernels.warmup: {label} {g!r} is not one of "
+                             f"{', '.join(known)}")
+    wanted = {aliases.get(g, g) for g in given}
+    return [k for k in known if k in wanted]
+
+
+def calls(ops=None, dtypes=None, layouts=None):
+    """``(label, call)`` for everything :func:`warmup` runs (``ops``: record names
+    such as "layernorm" or public function names such as "layer_normalization")."""
+    names = _select("ops", ops, list(OPERATORS),
+                    {op.function: op.name for op in OPERATORS.values()})
+    if dtypes is not None:
+        dtypes = [dtypes] if isinstance(dtypes, str) else [
+            d if isinstance(d, str) else np.dtype(d).name for d in dtypes]
+    dtype_names = _select("dtypes", dtypes, list(DTYPES))
+    layout_names = _select("layouts", layouts, LAYOUTS)
+    import numba
+
+    threads = numba.get_num_threads()
+    found = []
+    for dtype_name in dtype_names:
+        dtype = DTYPES[dtype_name]
+        for op in (OPERATORS[n] for n in names):
+            if dtype_name not in op.dtypes:
+                continue
+            for case in op.warmup:
+                if case.data_format not in layout_names and not op.rows:
+                    continue
+                shape = case.ncx_shape
+                if case.per_thread:  # the fused kernels need two planes per thread
+                    shape = (shape[0] * threads, *shape[1:])
+                for path in case.paths:
+                    found.append((f"{dtype_name} {op.name} {case.label} ({path})",
+                                  functools.partial(_run, op, case.mode, dtype,
+                                                    case.data_format, shape, path)))
+            for mode in op.modes:
+                for layout in (("NCX",) if op.rows else layout_names):
+                    if layout not in op.layouts:
+                        continue
+                    for shape in _shapes(op.rows, threads):
+                        if op.family == "mvn":  # its default axes are a 4-D X's
+                            shape = (*shape, *(1,) * (4 - len(shape)))
+                        found.append((f"{dtype_name} {op.name} {mode} {layout} "
+                                      f"{'x'.join(map(str, shape))}",
+                                      functools.partial(_run, op, mode, dtype, layout, shape)))
+    return found
+
+
+def _run(op, mode, dtype, layout, ncx_shape, path=None):
+    """One call on zeros (made now: the 8M-element inputs are not kept)."""
+    X, params = _workload(np.random.default_rng(0), op, mode, dtype, layout, ncx_shape)
+    if path is None:
+        return op.call(X, params, mode, layout)
+    return op.call(X, params, mode, layout, None, None, path)
+
+
+def _workload(rng, op, mode, dtype, layout, ncx_shape):
+    ncx = np.zeros(ncx_shape, dtype)
+    X = np.moveaxis(ncx, 1, -1).copy() if layout == "NXC" and not op.rows else ncx
+    axis = X.ndim - 1 if layout == "NXC" and X.ndim > 2 and not op.rows else 1
+    C = op.columns(ncx_shape)
+    return X, op.params(rng, C, dtype, X.shape, mode, X, axis)
+
+
+def warmup(ops=None, dtypes=None, layouts=None, *, progress=None):
+    """Compile, or load from the disk cache, every kernel of the operators ``ops``
+    (record names such as ``"layernorm"`` or function names such as
+    ``"layer_normalization"``; None: all) in ``dtypes`` (names or dtypes; None: each
+    operator's dtypes) and ``layouts`` ("NCX", "NXC"; None: both): afterwards no call
+    of them compiles anything, at any size, for views, read-only or writeable inputs,
+    with or without ``out=``. Returns ``[(label, seconds), ...]``, one per call run.
+    ``progress(i, n, label)`` is called before each."""
+    todo = calls(ops, dtypes, layouts)
+    done = []
+    for i, (label, call) in enumerate(todo):
+        if progress is not None:
+            progress(i, len(todo), label)
+        t0 = time.perf_counter()
+        with np.errstate(all="ignore"):
+            call()
+        done.append((label, time.perf_counter() - t0))
+    return done
