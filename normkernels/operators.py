@@ -183,9 +183,9 @@ class Operator(OperatorFormulas):
     def bound(self, X, params, mode="inference", data_format="NCX", out=None):
         """A zero-argument call of the public function (arguments bound once: the
         bench times this, so it adds nothing but the call itself)."""
-        import normkernels
+        from normkernels import api
 
-        fn = getattr(normkernels, self.target(mode)[0])
+        fn = getattr(api, self.target(mode)[0])
         args = self.arguments(X, params, mode)
         kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
         if not self.reads_only:
@@ -202,9 +202,9 @@ class Operator(OperatorFormulas):
         if not self.reads_only:
             kwargs["out"] = out
         if engine is None and path is None:
-            import normkernels
+            from normkernels import api
 
-            return getattr(normkernels, function)(*args, **kwargs)
+            return getattr(api, function)(*args, **kwargs)
         if engine is None:
             from normkernels.engine.numba_engine import ENGINE as engine
         spec = importlib.import_module(f"normkernels.ops.{module}")

@@ -10,7 +10,7 @@ import importlib
 
 import numpy as np
 
-import normkernels
+from normkernels import api
 from normkernels.dask.reduction import (
     blockwise,
     channel_axis,
@@ -31,7 +31,7 @@ def _spec(op):
 def batch(op):
     """ONNX BatchNormalization (opsets 14 and 15): inference blockwise, training by
     per-channel moments merged across chunks."""
-    fn = getattr(normkernels, op.function)
+    fn = getattr(api, op.function)
     spec = _spec(op)
 
     def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
@@ -98,7 +98,7 @@ def batch(op):
 def given(op):
     """Statistics given (oneDNN BatchNormInference): every block with its channels'
     parameters, blockwise."""
-    fn = getattr(normkernels, op.function)
+    fn = getattr(api, op.function)
 
     def batch_norm_inference(input, gamma, beta, mean, variance, *, epsilon, data_format="NXC"):
         """:func:`normkernels.batch_norm_inference` (oneDNN) on a dask array, blockwise."""
@@ -145,7 +145,7 @@ def instance(op):
             out = np.empty_like(block)
             for n in range(block.shape[0]):
                 sl = block[n:n + 1]
-                out[n:n + 1] = normkernels.batch_normalization(
+                out[n:n + 1] = api.batch_normalization(
                     sl, s.astype(np.float64), b.astype(np.float64), m[n], v[n], epsilon=eps,
                     opset=15, data_format=data_format)
             return out
@@ -210,7 +210,7 @@ def group(op):
         def normalize(block, s, b, m, v):
             out = np.empty_like(block)
             for n in range(block.shape[0]):
-                out[n:n + 1] = normkernels.batch_normalization(
+                out[n:n + 1] = api.batch_normalization(
                     block[n:n + 1], s.astype(np.float64), b.astype(np.float64), m[n], v[n],
                     epsilon=eps, opset=15, data_format=data_format)
             return out

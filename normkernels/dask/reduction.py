@@ -11,7 +11,7 @@ import operator
 
 import numpy as np
 
-import normkernels
+from normkernels import api
 from normkernels.ops import common
 from normkernels.ops.moments import merge
 
@@ -84,9 +84,9 @@ def _channel_chunk(block, axis, keepdims, data_format, per_sample, computing_met
     if computing_meta or block.size == 0:
         return structured(0, 0.0, 0.0, shape)
     if not per_sample:
-        part = normkernels.partial_moments(block, data_format=data_format)
+        part = api.partial_moments(block, data_format=data_format)
         return structured(part.count, part.mean, part.M2, shape)
-    parts = [normkernels.partial_moments(block[n:n + 1], data_format=data_format)
+    parts = [api.partial_moments(block[n:n + 1], data_format=data_format)
              for n in range(block.shape[0])]
     return structured(np.stack([p.count for p in parts]), np.stack([p.mean for p in parts]),
                        np.stack([p.M2 for p in parts]), shape)

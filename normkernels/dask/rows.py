@@ -16,7 +16,7 @@ import importlib
 
 import numpy as np
 
-import normkernels
+from normkernels import api
 from normkernels.dask.reduction import (
     PARTIAL,
     aggregate,
@@ -179,7 +179,7 @@ def check_row_rank(label, X, a, what):
 def rows(op):
     """Per-row moments merged across chunks of the normalized axes: ONNX
     LayerNormalization (family "layer") and RMSNormalization ("rms")."""
-    fn = getattr(normkernels, op.function)
+    fn = getattr(api, op.function)
     spec = importlib.import_module(f"normkernels.ops.{op.spec}")
     if op.family == "layer":
         def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=None, stash_type=None,

@@ -14,7 +14,7 @@ import inspect
 
 import numpy as np
 
-import normkernels
+from normkernels import api
 from normkernels.dask.reduction import channel_axis, check
 from normkernels.ops import mean_variance_normalization as _mvn
 from normkernels.ops import rows as _rows
@@ -87,7 +87,7 @@ def _pick(results, k, kind, c, ndim):
 
 def whole(op):
     """The record's function on dask arrays, with its statistics' axes whole."""
-    fn = getattr(normkernels, op.function)
+    fn = getattr(api, op.function)
     signature = inspect.signature(fn)
     label = f"normkernels.dask.{op.function}"
     x_name = next(iter(signature.parameters))
