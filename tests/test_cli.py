@@ -241,7 +241,11 @@ def test_coldstart_measures_fresh_processes(monkeypatch, capsys):
                         {family: model_timing.COLD_START_FAMILIES[family]})
     assert cli.main(["coldstart", "--shape", "2,3,8,8", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
-    assert f"{family}: first call, empty cache" in out and "import numba" in out
+    assert "import numba" in out and "second call (us)" in out
+    cells = _row(out, family.split()[0])
+    assert cells[:2] == family.split()
+    first, second, cached = float(cells[2]), float(cells[3]), float(cells[4])
+    assert first > 0 and second > 0 and cached > 0
 
 
 def _row(table, first):

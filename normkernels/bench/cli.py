@@ -184,13 +184,27 @@ def cmd_coldstart(args):
     from normkernels.bench import model_timing
 
     shape = tuple(int(v) for v in args.shape.split(","))
-    result = model_timing.cold_start(shape, args.dtype, repeat=args.repeat)
-    rows = [[label, f"{seconds * 1e3:.0f}"] for label, seconds in result.items()]
-    extra = result["import normkernels + operators"] - result["import numba"]
-    rows.append(["normkernels operators over import numba", f"{extra * 1e3:.0f}"])
+    families = None
+    if args.ops:
+        wanted = set(args.ops.split(","))
+        families = [f for f in model_timing.COLD_START_FAMILIES if f.split()[0] in wanted]
+    result = model_timing.cold_start(shape, args.dtype, repeat=args.repeat, families=families)
     print(f"cold start, {'x'.join(map(str, shape))} {args.dtype}, fresh processes "
           f"(median of {args.repeat} where repeated):")
-    print(format_table(rows, ["what", "ms"]))
+    extra = result["import normkernels + operators"] - result["import numba"]
+    print(format_table([[label, f"{result[label] * 1e3:.0f}"] for label in
+                        ("import numba", "import normkernels + operators")]
+                       + [["normkernels operators over import numba", f"{extra * 1e3:.0f}"]],
+                       ["what", "ms"]))
+    rows = []
+    for family in model_timing.COLD_START_FAMILIES:
+        if f"{family}: second call" not in result:
+            continue
+        rows.append([family, f"{result[f'{family}: first call, empty cache']:.2f}",
+                     f"{result[f'{family}: second call'] * 1e6:.0f}",
+                     f"{result[f'{family}: import and first call, warm cache']:.2f}"])
+    print(format_table(rows, ["operator and mode", "first call, empty cache (s)",
+                              "second call (us)", "import + first call, cached (s)"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
@@ -365,7 +379,9 @@ def main(argv=None):
     onnx_cmd.set_defaults(func=cmd_onnx)
     cold = sub.add_parser("coldstart", help="import time and first-call times with an "
                           "empty and a warm kernel cache, in fresh processes")
-    cold.add_argument("--shape", default="8,64,56,56", help="N,C,spatial... (NCX)")
+    cold.add_argument("--shape", default="2,16,8,8", help="N,C,spatial... (NCX; default: "
+                      "a small tensor, so the second call shows the per-call cost)")
+    cold.add_argument("--ops", help="operators, comma-separated (default: all)")
     cold.add_argument("--dtype", default="float32")
     cold.add_argument("--repeat", type=int, default=3)
     cold.add_argument("--json", help="also write the results to this JSON file")

@@ -124,10 +124,12 @@ def _fresh_python(code, env):
     return _json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def cold_start(shape=(8, 64, 56, 56), dtype="float32", repeat=3):
+def cold_start(shape=(2, 16, 8, 8), dtype="float32", repeat=3, families=None):
     """Seconds of: ``import numba``; ``import normkernels`` and loading its operators
-    (which imports numba); and per operator family, the first call in a fresh process
-    with an empty kernel cache (compile) and with a warm one. Each in new processes."""
+    (which imports numba); and per operator and mode (``families``: their labels;
+    default all), in fresh processes: the first call with an empty kernel cache
+    (compile), the second call in that process, and the first call with the cache
+    warm, ``import normkernels`` included (median of ``repeat`` processes)."""
     import os
     import tempfile
 
@@ -141,17 +143,25 @@ def cold_start(shape=(8, 64, 56, 56), dtype="float32", repeat=3):
                 "; print(json.dumps(time.perf_counter() - t))")
         result[label] = statistics.median(_fresh_python(code, env) for _ in range(repeat))
     for family, call in COLD_START_FAMILIES.items():
+        if families is not None and family not in families:
+            continue
         with tempfile.TemporaryDirectory() as cache:
             code = (
                 "import time, json, numpy as np, ml_dtypes\n"
-                "import normkernels as nk\n"
                 f"X = np.ones({tuple(shape)!r}, {dtype!r})\n"
                 f"p = np.ones({shape[1]}, 'float32')\n"
-                "t = time.perf_counter()\n"
+                "t0 = time.perf_counter()\n"
+                "import normkernels as nk\n"
+                "t1 = time.perf_counter()\n"
                 f"{call}\n"
-                "print(json.dumps(time.perf_counter() - t))\n")
+                "t2 = time.perf_counter()\n"
+                f"{call}\n"
+                "t3 = time.perf_counter()\n"
+                "print(json.dumps([t1 - t0, t2 - t1, t3 - t2]))\n")
             run_env = dict(env, NUMBA_CACHE_DIR=cache)
-            result[f"{family}: first call, empty cache"] = _fresh_python(code, run_env)
-            result[f"{family}: first call, warm cache"] = statistics.median(
-                _fresh_python(code, run_env) for _ in range(repeat))
+            _, first, second = _fresh_python(code, run_env)
+            result[f"{family}: first call, empty cache"] = first
+            result[f"{family}: second call"] = second
+            result[f"{family}: import and first call, warm cache"] = statistics.median(
+                sum(_fresh_python(code, run_env)[:2]) for _ in range(repeat))
     return result
