@@ -29,7 +29,7 @@ from normkernels.engine.numba_launch import (
 )
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import backward, inference, instance, rows
+from normkernels.kernels import backward_dx, backward_sums, inference, instance, rows
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import statistics as reductions
@@ -282,37 +282,37 @@ class NumbaEngine(Engine):
         total1, total2 = np.empty(C), np.empty(C)
         path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
         with launch_guard(path):
-            if S >= backward.GRAD_MIN_PLANE:
+            if S >= backward_sums.GRAD_MIN_PLANE:
                 took("grad_sums", "planes", path)
                 chunks = -(-S // reductions.PLANE_CHUNK)
                 part1 = np.empty(xs.size // S * chunks)
                 part2 = np.empty_like(part1)
-                _kernel(backward.plane_sums, backward.plane_sums_serial, path)(
+                _kernel(backward_sums.plane_sums, backward_sums.plane_sums_serial, path)(
                     xs, dys, C, S, mean, part1, part2)
-                backward.merge_plane_sums(part1, part2, C, S, total1, total2)
+                backward_sums.merge_plane_sums(part1, part2, C, S, total1, total2)
             else:
                 took("grad_sums", "rows", path)
                 P = C * S
-                rows = max(1, backward.ROW_BLOCK_ELEMENTS // P)
+                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
                 blocks = -(-(xs.size // P) // rows)
                 part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
-                _kernel(backward.row_sums, backward.row_sums_serial, path)(
+                _kernel(backward_sums.row_sums, backward_sums.row_sums_serial, path)(
                     xs, dys, P, rows, np.repeat(mean, S), part1, part2)
-                backward.merge_row_sums(part1, part2, C, S, total1, total2)
+                backward_sums.merge_row_sums(part1, part2, C, S, total1, total2)
         return total1, total2
 
     def group_grad_sums(self, x, dy, planes, S, group, path=None):
         n_rows = x.size // planes
         if S == 1 and n_rows > 1:  # a channels-last sample: rows of the planes (columns)
-            rows = max(1, backward.ROW_BLOCK_ELEMENTS // planes)
+            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // planes)
             route, shape, sizes = "fused-rows", (-(-n_rows // rows), planes), (rows, n_rows)
-            kernels = (backward.row_moment_sums, backward.row_moment_sums_serial,
-                       backward.merge_row_group_sums)
+            kernels = (backward_sums.row_moment_sums, backward_sums.row_moment_sums_serial,
+                       backward_sums.merge_row_group_sums)
             args = (planes, rows)
-        elif S >= backward.GRAD_MIN_PLANE:  # planes, in chunks
+        elif S >= backward_sums.GRAD_MIN_PLANE:  # planes, in chunks
             route, shape, sizes = "fused-planes", planes * -(-S // reductions.PLANE_CHUNK), (S,)
-            kernels = (backward.plane_moment_sums, backward.plane_moment_sums_serial,
-                       backward.merge_group_sums)
+            kernels = (backward_sums.plane_moment_sums, backward_sums.plane_moment_sums_serial,
+                       backward_sums.merge_group_sums)
             args = (S,)
         else:  # short planes: two reductions
             return super().group_grad_sums(x, dy, planes, S, group, path)
@@ -332,22 +332,22 @@ class NumbaEngine(Engine):
         dxs = storage_view(dx.ravel())
         path = policy.resolve_path(dxs, path, arrays=3)  # X and dY read, dX written
         with launch_guard(path):
-            if S >= backward.GRAD_MIN_PLANE:
+            if S >= backward_sums.GRAD_MIN_PLANE:
                 took("grad_apply", "planes", path)
-                kernel = (backward.apply_planes_streaming if path == "streaming" else
-                          _kernel(backward.apply_planes, backward.apply_planes_serial, path))
+                kernel = (backward_dx.apply_planes_streaming if path == "streaming" else
+                          _kernel(backward_dx.apply_planes, backward_dx.apply_planes_serial, path))
                 kernel(xs, dys, dxs, C, S, m, a, b, k)
             else:
                 took("grad_apply", "rows", path)
                 P = C * S
-                rows = max(1, backward.ROW_BLOCK_ELEMENTS // P)
+                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
                 if path == "streaming":  # tables wrapped by a vector's lanes
                     lanes = VECTOR_BYTES // dxs.itemsize
                     tables = [np.resize(np.repeat(v, S), P + lanes) for v in (m, a, b, k)]
-                    backward.apply_rows_streaming(xs, dys, dxs, P, rows, *tables)
+                    backward_dx.apply_rows_streaming(xs, dys, dxs, P, rows, *tables)
                 else:
                     tables = [np.repeat(v, S) for v in (m, a, b, k)]
-                    _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
+                    _kernel(backward_dx.apply_rows, backward_dx.apply_rows_serial, path)(
                         xs, dys, dxs, P, rows, *tables)
 
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
@@ -357,14 +357,14 @@ class NumbaEngine(Engine):
         dxs = storage_view(dx.ravel())
         # work items by the shape alone (the same bits for any thread count): few for
         # a small call, whose column partials would otherwise outweigh its rows
-        items = max(1, min(M, backward.ROW_ITEMS, M * K // backward.ROW_ITEM_ELEMENTS))
+        items = max(1, min(M, backward_dx.ROW_ITEMS, M * K // backward_dx.ROW_ITEM_ELEMENTS))
         rows_per_item = -(-M // items)
         items = -(-M // rows_per_item)
         part_g, part_b = np.empty((items, K)), np.empty((items, K))
         path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
         took("rows_backward", path)
         with launch_guard(path):
-            _kernel(backward.rows_backward, backward.rows_backward_serial, path)(
+            _kernel(backward_dx.rows_backward, backward_dx.rows_backward_serial, path)(
                 xs, dys, dxs, K, gamma, centered, float(epsilon), stats, rows_per_item, part_g,
                 part_b)
         return part_g.sum(axis=0), part_b.sum(axis=0)
