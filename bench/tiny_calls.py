@@ -23,7 +23,7 @@ def ort_io_binding(workload, X, params):
     """onnxruntime with inputs and outputs bound once; None when unavailable."""
     try:
         import onnxruntime as ort
-        model, inputs = peers._onnx_model(workload, X, params)
+        model, inputs = peers.onnx_model(workload, X, params)
     except Exception:  # no onnx/onnxruntime, or no ONNX operator
         return None
     options = ort.SessionOptions()

@@ -88,7 +88,8 @@ LRN_K = "normkernels/kernels/lrn.py"
 DASK = "normkernels/dask/channels.py"
 DASK_WHOLE = "normkernels/dask/whole.py"
 BWD_SPEC = "normkernels/ops/backward.py"
-BWD_K = "normkernels/kernels/backward.py"
+BWD_SUMS = "normkernels/kernels/backward_sums.py"
+BWD_DX = "normkernels/kernels/backward_dx.py"
 BACKWARD = ["tests/test_backward.py"]
 LANES = "normkernels/kernels/lanes.py"
 TARGET = "normkernels/kernels/target.py"
@@ -429,12 +430,12 @@ MUTATIONS = [
                            "        if False:  # the mean's residual")], BACKWARD),
     mutation("rows-channel-of-column/backward", "the rows reduction assigns column j to "
              "channel j % C, not (j // S) % C", [
-                 (BWD_K, "        c = (j // S) % C\n", "        c = j % C\n")], BACKWARD),
+                 (BWD_SUMS, "        c = (j // S) % C\n", "        c = j % C\n")], BACKWARD),
     mutation("row-mean-of-g-dropped/backward", "LayerNorm backward leaves out <g> (as "
-             "RMSNorm's)", [(BWD_K, "    mg = sg / K if centered else 0.0",
+             "RMSNorm's)", [(BWD_DX, "    mg = sg / K if centered else 0.0",
                              "    mg = 0.0")], BACKWARD),
     mutation("given-r-recomputed/backward", "the row backward recomputes r although the "
-             "caller gave inv_std", [(BWD_K, "    if not given:\n        r = 1.0 / np.sqrt",
+             "caller gave inv_std", [(BWD_DX, "    if not given:\n        r = 1.0 / np.sqrt",
                                       "    if True:\n        r = 1.0 / np.sqrt")], BACKWARD),
     mutation("given-group-stats-ignored/backward", "the group backward recomputes the "
              "statistics although the caller gave them", [
@@ -442,11 +443,11 @@ MUTATIONS = [
                   "        if True:  # one reduction gives")], BACKWARD),
     mutation("chunk-shift-dropped/backward", "the fused group reduction adds each chunk's "
              "sums around the chunk's mean as if around the group's", [
-                 (BWD_K, "t2 += part2[k] - (mu - part_mean[k]) * part1[k]",
+                 (BWD_SUMS, "t2 += part2[k] - (mu - part_mean[k]) * part1[k]",
                   "t2 += part2[k]")], BACKWARD),
     mutation("row-block-shift-dropped/backward", "the fused channels-last reduction adds "
              "each block's sums around the block's column mean as if around the group's", [
-                 (BWD_K, "t2 += part2[blk, j] - (mu - part_mean[blk, j]) * part1[blk, j]",
+                 (BWD_SUMS, "t2 += part2[blk, j] - (mu - part_mean[blk, j]) * part1[blk, j]",
                   "t2 += part2[blk, j]")], BACKWARD),
     mutation("stream-grad-no-k/backward", "the streaming dX vectors leave out K", [
         ("normkernels/kernels/vectors.py",

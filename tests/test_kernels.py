@@ -15,7 +15,7 @@ from normkernels import reference
 from normkernels.dtypes import BFLOAT16, FLOAT16, storage_view
 from normkernels.engine import PATHS, policy
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.kernels import backward, scale_shift
+from normkernels.kernels import backward_dx, scale_shift
 from normkernels.kernels.elements import load, store
 from normkernels.ops import batch_normalization as bn_spec
 
@@ -120,8 +120,8 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
     for kernel, args in [
         (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024)),
         (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p, 1024)),
-        (backward.apply_planes_streaming, (x, x.copy(), x.copy(), 4, 1024, p, p, p, p)),
-        (backward.apply_rows_streaming, (x, x.copy(), x.copy(), 256, 4, p, p, p, p)),
+        (backward_dx.apply_planes_streaming, (x, x.copy(), x.copy(), 4, 1024, p, p, p, p)),
+        (backward_dx.apply_rows_streaming, (x, x.copy(), x.copy(), 256, 4, p, p, p, p)),
     ]:
         asm = _uncached_asm(kernel, *args)
         assert re.search(r"\bv?movnt(ps|pd|dq)\b", asm), kernel.__name__

@@ -1,7 +1,8 @@
 """The package's layout (CONTRIBUTING "Layout"): the core, the integrations on it and
-the tools on both; imports point one way and never in a circle. Read from the source
-with ``ast`` (module-level imports and those inside functions alike), so nothing is
-imported to check it."""
+the tools on both; imports point one way and never in a circle; no module uses
+another's private (``_``) names; no file is over LINE_LIMIT lines. Read from the
+source with ``ast`` (module-level imports and those inside functions alike), so
+nothing is imported to check it."""
 
 import ast
 import pathlib
@@ -32,6 +33,15 @@ def _known(name):
     return name
 
 
+def _from_base(node, package):
+    """The absolute module name of an ``ImportFrom`` inside ``package``."""
+    base = node.module or ""
+    if node.level:
+        base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1],
+                         *([base] if base else [])])
+    return base
+
+
 def _imports(module, path):
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
@@ -39,10 +49,7 @@ def _imports(module, path):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1],
-                                 *([base] if base else [])])
+            base = _from_base(node, package)
             # ``from a import b``: b is a submodule or an attribute of a
             names = [_known(f"{base}.{a.name}") or base for a in node.names]
         else:
@@ -104,3 +111,83 @@ def test_the_spec_layer_does_not_import_the_kernels():
     wrong = sorted((m, n) for m, deps in GRAPH.items() if m.startswith("normkernels.ops")
                    for n in deps if n.startswith("normkernels.kernels"))
     assert not wrong, wrong
+
+
+def _private(name):
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_uses(module, source, is_package=False):
+    """``(line, what)`` for each name with a leading underscore that ``module`` takes
+    from another normkernels module: ``from m import _x``, and ``m._x`` where ``m`` is
+    a normkernels module (imported under any name, or as a dotted ``normkernels.a.b``).
+    Read from the source as :func:`_imports` reads it (scopes are not told apart)."""
+    package = module if is_package else module.rpartition(".")[0]
+    tree = ast.parse(source)
+    bound, found = {}, []  # local name -> the normkernels module it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "normkernels":
+                    if a.asname:
+                        bound[a.asname] = a.name
+                    else:
+                        bound[a.name.split(".")[0]] = "normkernels"
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, package)
+            if base.split(".")[0] != "normkernels":
+                continue
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    bound[a.asname or a.name] = f"{base}.{a.name}"
+                if _private(a.name) and base != module:
+                    found.append((node.lineno, f"from {base} import {a.name}"))
+
+    def dotted(node):  # the module an expression names, or None
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        if isinstance(node, ast.Attribute):
+            owner = dotted(node.value)
+            if owner and f"{owner}.{node.attr}" in MODULES:
+                return f"{owner}.{node.attr}"
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = dotted(node.value)
+            if owner and owner != module:
+                found.append((node.lineno, f"{owner}.{node.attr}"))
+    return sorted(found)
+
+
+def test_the_private_reader_finds_uses():
+    """:func:`_private_uses` sees each form it must (so the check below can fail)."""
+    source = ("import normkernels.ops.common as c\nimport normkernels\n"
+              "from normkernels.ops import rows\nfrom normkernels.ops.common import _a, b\n"
+              "from ..ops import _e\nc._f\nrows._g\nnormkernels.ops.common._h\nself._i\n"
+              "rows.__doc__\nc.d\n")
+    uses = _private_uses("normkernels.engine.sample", source)
+    assert [what for _, what in uses] == [
+        "from normkernels.ops.common import _a", "from normkernels.ops import _e",
+        "normkernels.ops.common._f", "normkernels.ops.rows._g", "normkernels.ops.common._h"]
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name with a leading underscore is its module's own: what another module
+    needs gets a public name."""
+    wrong = [f"{MODULES[m].relative_to(ROOT)}:{line}: {what}" for m in sorted(MODULES)
+             for line, what in _private_uses(m, MODULES[m].read_text(),
+                                             MODULES[m].name == "__init__.py")]
+    assert not wrong, wrong
+
+
+LINE_LIMIT = 450
+LONG_FILES_ALLOWED = {"normkernels/dask.py"}  # being rewritten (issue 27)
+
+
+def test_no_file_is_over_the_line_limit():
+    """A module over LINE_LIMIT lines is split where its parts are cohesive."""
+    long = sorted(f"{rel}: {n} lines" for p in MODULES.values()
+                  if (rel := p.relative_to(ROOT).as_posix()) not in LONG_FILES_ALLOWED
+                  and (n := len(p.read_text().splitlines())) > LINE_LIMIT)
+    assert not long, long

@@ -48,7 +48,7 @@ from normkernels import reference
 from normkernels.engine import PATHS, numba_launch, policy, threads
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.kernels import backward as backward_kernels
+from normkernels.kernels import backward_dx, backward_sums
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
 from normkernels.kernels import lp as lp_kernels
@@ -75,7 +75,7 @@ EPS = 1e-3
 KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
                   "instance": instance_kernels, "inference": inference_kernels,
                   "rows": rows_kernels, "lp_kernels": lp_kernels, "lrn_kernels": lrn_kernels,
-                  "backward": backward_kernels}
+                  "backward_sums": backward_sums, "backward_dx": backward_dx}
 
 
 @dataclass(frozen=True)

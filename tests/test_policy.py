@@ -23,7 +23,7 @@ def cache_of(monkeypatch):
 @pytest.mark.parametrize("text,expected", [("32768K", 32 * MB), ("1M", MB), ("2G", 2 << 30),
                                            ("512", 512), ("", 0), ("abcK", 0)])
 def test_parse_cache_size(text, expected):
-    assert policy._parse_size(text) == expected
+    assert policy.parse_size(text) == expected
 
 
 def test_machine_cache_size_is_sane():

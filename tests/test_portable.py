@@ -42,9 +42,9 @@ def _run(out, cache, cpu=None, only=()):
 
 
 def _host_cache():
-    from normkernels.bench.cli import _cache_files
+    from normkernels.bench.cli import cache_files
 
-    return _cache_files()[0]
+    return cache_files()[0]
 
 
 @pytest.fixture(scope="module")

@@ -211,7 +211,7 @@ def cmd_coldstart(args):
     return 0
 
 
-def _cache_files():
+def cache_files():
     """Cached kernel index files (``*.nbi``): where they are and how many."""
     from pathlib import Path
 
@@ -260,7 +260,7 @@ def cmd_info(args):
         print(f"threading layer: {numba.threading_layer()}")
     except ValueError:
         print("threading layer: (none initialised)")
-    root, files = _cache_files()
+    root, files = cache_files()
     print(f"kernel cache: {root} ({len(files)} cached kernels; NUMBA_CACHE_DIR moves it)")
     return 0
 

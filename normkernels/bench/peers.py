@@ -68,7 +68,9 @@ def numpy_peer(workload, X, params, threads):
     return call
 
 
-def _onnx_model(workload, X, params):
+def onnx_model(workload, X, params):
+    """``(model, inputs)``: the workload's operator as a one-node ONNX model and its
+    named inputs (X and the parameters)."""
     try:
         from onnx import TensorProto, helper
     except ImportError:
@@ -109,7 +111,7 @@ def _onnx_model(workload, X, params):
 
 def onnx_reference_peer(workload, X, params, threads):
     _no_backward(workload, "onnx-ref")
-    model, inputs = _onnx_model(workload, X, params)
+    model, inputs = onnx_model(workload, X, params)
     from onnx.reference import ReferenceEvaluator
 
     try:
@@ -127,7 +129,7 @@ def onnxruntime_peer(workload, X, params, threads):
         import onnxruntime as ort
     except ImportError:
         raise Unavailable("onnxruntime not installed") from None
-    model, inputs = _onnx_model(workload, X, params)
+    model, inputs = onnx_model(workload, X, params)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -337,7 +339,7 @@ def openvino_peer(workload, X, params, threads):
         # bf16 model disagreed with every other implementation, so they are not shown
         raise Unavailable("bfloat16 not compared (OpenVINO's Python API exposes bf16 "
                           "tensors as float16)")
-    model, inputs = _onnx_model(workload, X, params)
+    model, inputs = onnx_model(workload, X, params)
     core = ov.Core()
     try:
         compiled = core.compile_model(core.read_model(model.SerializeToString()), "CPU",

@@ -20,16 +20,16 @@ from normkernels.dtypes import (
 )
 from normkernels.engine import Engine, policy
 from normkernels.engine.numba_launch import (
-    _kernel,
-    _plane_moments,
-    _row_moments,
-    _sample_block_rows,
-    _sample_moments,
-    _scale_shift,
+    kernel_for,
+    plane_moments,
+    row_moments,
+    sample_block_rows,
+    sample_moments,
+    scale_shift_loops,
 )
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import backward, inference, instance, rows
+from normkernels.kernels import backward_dx, backward_sums, inference, instance, rows
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import statistics as reductions
@@ -61,7 +61,7 @@ class NumbaEngine(Engine):
         m, a, b = np.empty(C, cd), np.empty(C, cd), np.empty(C, cd)
         inference.fold(*params, epsilon, m, a, b)
         with launch_guard(path):
-            _scale_shift(xs, ys, C, S, m, a, b, path)
+            scale_shift_loops(xs, ys, C, S, m, a, b, path)
         return True
 
     def bind_inference(self, x, y, C, S, scale, B, mean, var, epsilon):
@@ -88,7 +88,7 @@ class NumbaEngine(Engine):
         xs, ys = _views(x, y)
         path = policy.resolve_path(ys, path)
         with launch_guard(path):
-            _scale_shift(xs, ys, C, S, mean, a, b, path)
+            scale_shift_loops(xs, ys, C, S, mean, a, b, path)
 
     def channel_moments(self, x, C, S, path=None):
         if not x.flags.c_contiguous:
@@ -101,14 +101,14 @@ class NumbaEngine(Engine):
         n_rows = xs.size // (C * S)
         if policy.use_plane_moments(S, n_rows):
             took("moments", "planes", path)
-            _plane_moments(xs, C, S, count, mean, m2, path)
+            plane_moments(xs, C, S, count, mean, m2, path)
             return count, mean, m2
         took("moments", "rows", path)
         period = C * S
         width = period * -(-policy.MIN_ROW_COLUMNS // period)
         wide_rows = xs.size // width
-        _row_moments(xs[:wide_rows * width], width, C, S, count, mean, m2, path)
-        _row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2, path)
+        row_moments(xs[:wide_rows * width], width, C, S, count, mean, m2, path)
+        row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2, path)
         return count, mean, m2
 
     def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
@@ -125,7 +125,7 @@ class NumbaEngine(Engine):
         fused = "fused" if S >= MIN_PLANE else "fused-short"
         if policy.split_instance_planes(n_groups, size, xs.itemsize, path):
             took("instance_planes", "split")
-            _plane_moments(xs, n_groups, size, np.zeros(n_groups, np.int64), mean, m2,
+            plane_moments(xs, n_groups, size, np.zeros(n_groups, np.int64), mean, m2,
                            "parallel")
             instance.fold_planes(C, group, size, *args[3:6], mean, m2, m, a, b)
             self.scale_shift(x, y, n_planes, S, m, a, b, path)
@@ -160,17 +160,17 @@ class NumbaEngine(Engine):
             x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
             for n in range(N):
                 cs, gs = slice(n * C, (n + 1) * C), slice(n * G, (n + 1) * G)
-                _sample_moments(storage_view(x2[n]), 1, C, R, group, mean[gs], m2[gs], one)
+                sample_moments(storage_view(x2[n]), 1, C, R, group, mean[gs], m2[gs], one)
                 instance.fold_planes(C, group, R * group, *params, mean[gs], m2[gs], m[cs],
                                      a[cs], b[cs])
                 self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
             return mean, m2
-        _sample_moments(xs, N, C, R, group, mean, m2, one)
+        sample_moments(xs, N, C, R, group, mean, m2, one)
         instance.fold_planes(C, group, R * group, *params, mean, m2, m, a, b)
         took("instance_rows", "one-launch", one)
-        rows = _sample_block_rows(C, R)
+        rows = sample_block_rows(C, R)
         with launch_guard(one):
-            _kernel(instance.normalize_rows, instance.normalize_rows_serial, one)(
+            kernel_for(instance.normalize_rows, instance.normalize_rows_serial, one)(
                 xs, ys, C, R, rows, m, a, b)
         return mean, m2
 
@@ -248,12 +248,12 @@ class NumbaEngine(Engine):
         with launch_guard(one):
             if inner == 1:
                 took("lp", "rows", one)
-                _kernel(lp_kernels.rows_parallel, lp_kernels.rows_serial, one)(
+                kernel_for(lp_kernels.rows_parallel, lp_kernels.rows_serial, one)(
                     xs, ys, K, p, policy.rows_per_item(outer, K))
             else:
                 took("lp", "columns", one)
                 chunk = min(inner, lp_kernels.COLUMN_CHUNK)
-                _kernel(lp_kernels.columns_parallel, lp_kernels.columns_serial, one)(
+                kernel_for(lp_kernels.columns_parallel, lp_kernels.columns_serial, one)(
                     xs, ys, outer, K, inner, p, chunk, policy.rows_per_item(outer, K * chunk))
 
     def lrn(self, x, y, C, S, size, alpha, beta, bias, path=None):
@@ -269,12 +269,12 @@ class NumbaEngine(Engine):
         with launch_guard(one):
             if S == 1:  # channels-last memory: rows of C contiguous channels
                 took("lrn", "rows", one)
-                _kernel(lrn_kernels.rows_parallel, lrn_kernels.rows_serial, one)(
+                kernel_for(lrn_kernels.rows_parallel, lrn_kernels.rows_serial, one)(
                     xs, ys, C, policy.rows_per_item(xs.size // C, C), *args)
             else:
                 took("lrn", "planes", one)
                 N = xs.size // (C * S)
-                _kernel(lrn_kernels.planes_parallel, lrn_kernels.planes_serial, one)(
+                kernel_for(lrn_kernels.planes_parallel, lrn_kernels.planes_serial, one)(
                     xs, ys, C, S, policy.lrn_chunk(N, C, S), *args)
 
     def channel_grad_sums(self, x, dy, C, S, mean, path=None):
@@ -282,37 +282,37 @@ class NumbaEngine(Engine):
         total1, total2 = np.empty(C), np.empty(C)
         path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
         with launch_guard(path):
-            if S >= backward.GRAD_MIN_PLANE:
+            if S >= backward_sums.GRAD_MIN_PLANE:
                 took("grad_sums", "planes", path)
                 chunks = -(-S // reductions.PLANE_CHUNK)
                 part1 = np.empty(xs.size // S * chunks)
                 part2 = np.empty_like(part1)
-                _kernel(backward.plane_sums, backward.plane_sums_serial, path)(
+                kernel_for(backward_sums.plane_sums, backward_sums.plane_sums_serial, path)(
                     xs, dys, C, S, mean, part1, part2)
-                backward.merge_plane_sums(part1, part2, C, S, total1, total2)
+                backward_sums.merge_plane_sums(part1, part2, C, S, total1, total2)
             else:
                 took("grad_sums", "rows", path)
                 P = C * S
-                rows = max(1, backward.ROW_BLOCK_ELEMENTS // P)
+                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
                 blocks = -(-(xs.size // P) // rows)
                 part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
-                _kernel(backward.row_sums, backward.row_sums_serial, path)(
+                kernel_for(backward_sums.row_sums, backward_sums.row_sums_serial, path)(
                     xs, dys, P, rows, np.repeat(mean, S), part1, part2)
-                backward.merge_row_sums(part1, part2, C, S, total1, total2)
+                backward_sums.merge_row_sums(part1, part2, C, S, total1, total2)
         return total1, total2
 
     def group_grad_sums(self, x, dy, planes, S, group, path=None):
         n_rows = x.size // planes
         if S == 1 and n_rows > 1:  # a channels-last sample: rows of the planes (columns)
-            rows = max(1, backward.ROW_BLOCK_ELEMENTS // planes)
+            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // planes)
             route, shape, sizes = "fused-rows", (-(-n_rows // rows), planes), (rows, n_rows)
-            kernels = (backward.row_moment_sums, backward.row_moment_sums_serial,
-                       backward.merge_row_group_sums)
+            kernels = (backward_sums.row_moment_sums, backward_sums.row_moment_sums_serial,
+                       backward_sums.merge_row_group_sums)
             args = (planes, rows)
-        elif S >= backward.GRAD_MIN_PLANE:  # planes, in chunks
+        elif S >= backward_sums.GRAD_MIN_PLANE:  # planes, in chunks
             route, shape, sizes = "fused-planes", planes * -(-S // reductions.PLANE_CHUNK), (S,)
-            kernels = (backward.plane_moment_sums, backward.plane_moment_sums_serial,
-                       backward.merge_group_sums)
+            kernels = (backward_sums.plane_moment_sums, backward_sums.plane_moment_sums_serial,
+                       backward_sums.merge_group_sums)
             args = (S,)
         else:  # short planes: two reductions
             return super().group_grad_sums(x, dy, planes, S, group, path)
@@ -323,7 +323,7 @@ class NumbaEngine(Engine):
         path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
         took("grad_sums", route, path)
         with launch_guard(path):
-            _kernel(kernels[0], kernels[1], path)(xs, dys, *args, *parts)
+            kernel_for(kernels[0], kernels[1], path)(xs, dys, *args, *parts)
         kernels[2](*parts, *sizes, group, count, mean, m2, total1, total2)
         return count, mean, m2, total1, total2
 
@@ -332,22 +332,23 @@ class NumbaEngine(Engine):
         dxs = storage_view(dx.ravel())
         path = policy.resolve_path(dxs, path, arrays=3)  # X and dY read, dX written
         with launch_guard(path):
-            if S >= backward.GRAD_MIN_PLANE:
+            if S >= backward_sums.GRAD_MIN_PLANE:
                 took("grad_apply", "planes", path)
-                kernel = (backward.apply_planes_streaming if path == "streaming" else
-                          _kernel(backward.apply_planes, backward.apply_planes_serial, path))
+                kernel = (backward_dx.apply_planes_streaming if path == "streaming" else
+                          kernel_for(backward_dx.apply_planes, backward_dx.apply_planes_serial,
+                                     path))
                 kernel(xs, dys, dxs, C, S, m, a, b, k)
             else:
                 took("grad_apply", "rows", path)
                 P = C * S
-                rows = max(1, backward.ROW_BLOCK_ELEMENTS // P)
+                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
                 if path == "streaming":  # tables wrapped by a vector's lanes
                     lanes = VECTOR_BYTES // dxs.itemsize
                     tables = [np.resize(np.repeat(v, S), P + lanes) for v in (m, a, b, k)]
-                    backward.apply_rows_streaming(xs, dys, dxs, P, rows, *tables)
+                    backward_dx.apply_rows_streaming(xs, dys, dxs, P, rows, *tables)
                 else:
                     tables = [np.repeat(v, S) for v in (m, a, b, k)]
-                    _kernel(backward.apply_rows, backward.apply_rows_serial, path)(
+                    kernel_for(backward_dx.apply_rows, backward_dx.apply_rows_serial, path)(
                         xs, dys, dxs, P, rows, *tables)
 
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
@@ -357,14 +358,14 @@ class NumbaEngine(Engine):
         dxs = storage_view(dx.ravel())
         # work items by the shape alone (the same bits for any thread count): few for
         # a small call, whose column partials would otherwise outweigh its rows
-        items = max(1, min(M, backward.ROW_ITEMS, M * K // backward.ROW_ITEM_ELEMENTS))
+        items = max(1, min(M, backward_dx.ROW_ITEMS, M * K // backward_dx.ROW_ITEM_ELEMENTS))
         rows_per_item = -(-M // items)
         items = -(-M // rows_per_item)
         part_g, part_b = np.empty((items, K)), np.empty((items, K))
         path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
         took("rows_backward", path)
         with launch_guard(path):
-            _kernel(backward.rows_backward, backward.rows_backward_serial, path)(
+            kernel_for(backward_dx.rows_backward, backward_dx.rows_backward_serial, path)(
                 xs, dys, dxs, K, gamma, centered, float(epsilon), stats, rows_per_item, part_g,
                 part_b)
         return part_g.sum(axis=0), part_b.sum(axis=0)

@@ -5,7 +5,7 @@
 Each takes flat storage views and a resolved path; the caller
 (:class:`normkernels.engine.numba_engine.NumbaEngine`) has chosen the route. Parallel
 kernels have one-thread twins (same source, same bits) that run on the serial path
-(:func:`_kernel`).
+(:func:`kernel_for`).
 """
 
 import numpy as np
@@ -27,7 +27,7 @@ def parameter_tables(C, S, mean, a, b):
     return period, *tables
 
 
-def _kernel(parallel, serial, path):
+def kernel_for(parallel, serial, path):
     """The parallel kernel, or on the serial path its one-thread twin."""
     return serial if path == "serial" else parallel
 
@@ -36,7 +36,7 @@ def _planes_loop(S):
     return "planes" if S >= MIN_PLANE else "short-planes"
 
 
-def _scale_shift(xs, ys, C, S, mean, a, b, path):
+def scale_shift_loops(xs, ys, C, S, mean, a, b, path):
     if policy.use_planes(C, S, mean.itemsize):
         loop = _planes_loop(S)
         if path == "serial":
@@ -63,37 +63,37 @@ def _scale_shift(xs, ys, C, S, mean, a, b, path):
                                             policy.block_size(xs.size))
 
 
-def _plane_moments(xs, C, S, count, mean, m2, path):
+def plane_moments(xs, C, S, count, mean, m2, path):
     """Per-channel statistics by the planes kernel: partials per (plane, chunk),
     merged plane by plane (channel ``p % C`` of plane ``p``)."""
     chunks = -(-S // reductions.PLANE_CHUNK)
     part_mean = np.empty(xs.size // S * chunks)
     part_m2 = np.empty_like(part_mean)
     with launch_guard(path):
-        _kernel(reductions.plane_partials, reductions.plane_partials_serial, path)(
+        kernel_for(reductions.plane_partials, reductions.plane_partials_serial, path)(
             xs, S, part_mean, part_m2)
     reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
 
 
-def _sample_block_rows(C, R):
+def sample_block_rows(C, R):
     """Rows per block of the per-sample statistics (and of the one-launch normalize)."""
     return policy.rows_per_block(C, reductions.COLUMN_TILE, most=min(R, policy.MAX_ROWS_PER_BLOCK))
 
 
-def _sample_moments(xs, N, C, R, group, mean, m2, path):
+def sample_moments(xs, N, C, R, group, mean, m2, path):
     """Per-(n, group) (mean, M2) of NXC memory (``N`` samples of ``R`` rows of ``C``):
     column partials per block of rows, merged per group in order."""
-    rows = _sample_block_rows(C, R)
+    rows = sample_block_rows(C, R)
     part_mean = np.empty((N * -(-R // rows), C))
     part_m2 = np.empty_like(part_mean)
     with launch_guard(path):
-        _kernel(reductions.row_partials, reductions.row_partials_serial, path)(
+        kernel_for(reductions.row_partials, reductions.row_partials_serial, path)(
             xs, C, R, rows, part_mean, part_m2)
-        _kernel(instance.merge_sample_rows, instance.merge_sample_rows_serial, path)(
+        kernel_for(instance.merge_sample_rows, instance.merge_sample_rows_serial, path)(
             part_mean, part_m2, group, R, rows, mean, m2)
 
 
-def _row_moments(xs, P, C, S, count, mean, m2, path):
+def row_moments(xs, P, C, S, count, mean, m2, path):
     n_rows = xs.size // P
     if n_rows == 0:
         return
@@ -102,7 +102,7 @@ def _row_moments(xs, P, C, S, count, mean, m2, path):
     part_mean = np.empty((n_blocks, P))
     part_m2 = np.empty((n_blocks, P))
     with launch_guard(path):
-        _kernel(reductions.row_partials, reductions.row_partials_serial, path)(
+        kernel_for(reductions.row_partials, reductions.row_partials_serial, path)(
             xs, P, n_rows, rows, part_mean, part_m2)
-        _kernel(reductions.merge_rows, reductions.merge_rows_serial, path)(
+        kernel_for(reductions.merge_rows, reductions.merge_rows_serial, path)(
             part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)

@@ -95,7 +95,7 @@ def last_level_cache_bytes():
         except OSError:
             continue
         if kind in ("Data", "Unified"):
-            sizes.append(_parse_size(size))
+            sizes.append(parse_size(size))
     if not sizes:
         for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
             try:
@@ -106,7 +106,7 @@ def last_level_cache_bytes():
     return best or DEFAULT_CACHE_BYTES
 
 
-def _parse_size(text):
+def parse_size(text):
     """sysfs cache sizes: "32768K", "1M", or plain bytes; 0 when unreadable."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.strip().upper()

@@ -329,7 +329,7 @@ def _row_intrinsic(nontemporal):
 
 def _grad_codegen(tables):
     """``dx[i] = dy[i] * a + (x[i] - m) * b + k`` (one vector each), the backward
-    passes' dX, in the compute dtype and in the order of ``kernels.backward._apply_run``
+    passes' dX, in the compute dtype and in the order of ``kernels.backward_dx._apply_run``
     (the same bits): scalar coefficients, or with ``tables`` vectors of them at
     ``phase``. Stores non-temporally."""
 

@@ -49,7 +49,7 @@ def _arrays(label, dY, X, params):
 def _same_layout(X, dY, data_format):
     """``(x, dy, order, S)``: X and dY as C-contiguous views (or copies) in X's memory
     order, channel ``c`` of flat element ``i`` being ``(i // S) % C``."""
-    X, order, S = common._layout_or_copy(X, data_format)
+    X, order, S = common.layout_or_copy(X, data_format)
     dy = dY.transpose(order)
     if not dy.flags.c_contiguous:
         dy = np.ascontiguousarray(dy)

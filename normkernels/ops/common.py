@@ -202,7 +202,9 @@ def check_channel_params(op, C, named_params):
                              f"{C} channels of X, got shape {p.shape}")
 
 
-def _same_view(a, b):
+def same_view(a, b):
+    """Whether ``a`` and ``b`` are the same view: the same memory, shape, strides and
+    dtype."""
     return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
             and a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype)
 
@@ -221,7 +223,7 @@ def check_out(op, out, X, params, inputs=None):
     if not out.flags.writeable:
         raise ValueError(f"{op}: out is read-only")
     for name, arr in inputs.items():
-        if (np.may_share_memory(out, arr) and not _same_view(out, arr)
+        if (np.may_share_memory(out, arr) and not same_view(out, arr)
                 and np.shares_memory(out, arr)):
             raise ValueError(f"{op}: out overlaps {name} without being {name} itself "
                              f"(in-place needs out={name} exactly)")
@@ -261,7 +263,7 @@ def physical_layout(X, data_format):
     return None
 
 
-def _layout_or_copy(X, data_format):
+def layout_or_copy(X, data_format):
     """``(X, order, S)`` from :func:`physical_layout`, X replaced by a C-contiguous
     copy when it is neither channels-first nor channels-last in memory."""
     layout = physical_layout(X, data_format)
@@ -275,7 +277,7 @@ def contiguous_layout(X, data_format):
     """``(Xc, C, S)``: X itself, viewed C-contiguous in its memory order when it is
     channels-first or channels-last in memory, else a contiguous copy; channel ``c``
     of flat element ``i`` of ``Xc`` is ``(i // S) % C``."""
-    X, order, S = _layout_or_copy(X, data_format)
+    X, order, S = layout_or_copy(X, data_format)
     return X.transpose(order), channel_count(X, data_format), S
 
 
@@ -303,7 +305,7 @@ def map_layout(X, data_format, out, kernel):
         order = None
         S = math.prod(X.shape[2:]) if data_format == "NCX" and X.ndim > 2 else 1
     else:
-        X, order, S = _layout_or_copy(X, data_format)
+        X, order, S = layout_or_copy(X, data_format)
     if out is not None and (out.flags.c_contiguous if order is None
                             else out.transpose(order).flags.c_contiguous):
         y = out

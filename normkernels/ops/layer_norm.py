@@ -26,14 +26,15 @@ from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
 LAYER_NORM = "LayerNorm"
 RMS_NORM = "RMSNorm"
 SRC = (FLOAT32, BFLOAT16, FLOAT16)
-_GAMMA = {  # src dtype -> gamma dtypes, per operator
+GAMMA_DTYPES = {  # src dtype -> gamma dtypes, per operator
     LAYER_NORM: {FLOAT32: (FLOAT32,), BFLOAT16: (FLOAT32, BFLOAT16), FLOAT16: (FLOAT32,)},
     RMS_NORM: {FLOAT32: (FLOAT32,), BFLOAT16: (FLOAT32, BFLOAT16),
                FLOAT16: (FLOAT32, FLOAT16)},
 }
 
 
-def _check_bool(label, name, value):
+def check_bool(label, name, value):
+    """``value`` as a bool; a TypeError unless it is a Python or NumPy bool."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{label}: {name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
@@ -42,7 +43,7 @@ def _check_bool(label, name, value):
 def _params(label, X, named, allowed=None):
     """The given parameters, checked for dtype (one dtype, allowed for src's)."""
     params = {n: common.as_array(n, v) for n, v in named.items() if v is not None}
-    allowed = _GAMMA[label][X.dtype] if allowed is None else allowed
+    allowed = GAMMA_DTYPES[label][X.dtype] if allowed is None else allowed
     for name, p in params.items():
         common.check_dtype(label, name, p, allowed)
     common.check_same_dtype(label, "T2", params)
@@ -52,7 +53,7 @@ def _params(label, X, named, allowed=None):
 def affine_params(label, X, use_affine, gamma, beta, allowed=None):
     """gamma and beta checked against ``use_affine`` (both needed with it, neither
     allowed without) and for dtype (:func:`_params`); the given ones, as arrays."""
-    affine = _check_bool(label, "use_affine", use_affine)
+    affine = check_bool(label, "use_affine", use_affine)
     given = [n for n, v in (("gamma", gamma), ("beta", beta)) if v is not None]
     if affine and len(given) != 2:
         raise ValueError(f"{label}: use_affine=True needs gamma and beta (got "
@@ -80,7 +81,7 @@ def layer_norm(src, gamma=None, beta=None, *, begin_norm_axis=-1, epsilon=1e-5,
     """Spec layer of :func:`normkernels.layer_norm`."""
     label = LAYER_NORM
     X, a, eps = _src(label, src, begin_norm_axis, epsilon)
-    keep = _check_bool(label, "keep_stats", keep_stats)
+    keep = check_bool(label, "keep_stats", keep_stats)
     params = affine_params(label, X, use_affine, gamma, beta)
     span = X.shape[a:]
     K = rows.rows_shape(X.shape, a)[1]

@@ -65,7 +65,7 @@ def memory_order(X):
 
 def out_overlaps(out, X):
     """Whether ``out`` (an ndarray) shares memory with X without being X itself."""
-    return (np.may_share_memory(out, X) and not common._same_view(out, X)
+    return (np.may_share_memory(out, X) and not common.same_view(out, X)
             and np.shares_memory(out, X))
 
 

@@ -45,6 +45,12 @@ def clear():
     _plans.clear()
 
 
+def stored_keys():
+    """The keys of the plans stored now, oldest first (a copy: for tests and
+    diagnostics)."""
+    return list(_plans)
+
+
 def plain(given, checked):
     """Whether a call may leave a plan: its arrays are exactly ndarrays, kept as given
     by the full checks (no conversion to an array or to native byte order)."""
