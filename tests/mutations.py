@@ -2,6 +2,7 @@
 
     python tests/mutations.py            # every mutation (slow: 20-40 min)
     python tests/mutations.py --list     # the mutations and the tests each runs
+    python tests/mutations.py --check    # every replacement still applies (seconds)
     python tests/mutations.py NAME ...   # some of them (names or prefixes)
 
 Each mutation is a set of exact text replacements in the package. The script copies
@@ -500,6 +501,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutations to run (names or prefixes)")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--check", action="store_true",
+                        help="only check that every replacement applies (seconds)")
     parser.add_argument("--timeout", type=float, default=1200)
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS
@@ -507,6 +510,15 @@ def main():
     if args.list:
         for m in chosen:
             print(f"{m.name:36} {m.what}\n{'':36} tests: {' '.join(m.tests)}")
+        return 0
+    if args.check:
+        for m in chosen:
+            for path, old, _new in m.edits:
+                count = (ROOT / path).read_text().count(old)
+                if count != 1:
+                    sys.exit(f"{m.name}: the text to replace occurs {count} times in {path} "
+                             "(expected once); update tests/mutations.py")
+        print(f"{len(chosen)} mutations, every replacement applies")
         return 0
     work = Path(tempfile.mkdtemp(prefix="normkernels-mutations-"))
     tree, cache_root = work / "tree", work / "numba-cache"

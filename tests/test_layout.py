@@ -189,3 +189,14 @@ def test_no_file_is_over_the_line_limit():
     long = sorted(f"{p.relative_to(ROOT).as_posix()}: {n} lines" for p in MODULES.values()
                   if (n := len(p.read_text().splitlines())) > LINE_LIMIT)
     assert not long, long
+
+
+def test_every_planted_bug_still_applies():
+    """tests/mutations.py's replacements each occur once in their files (so a refactor
+    that moves a snippet is caught here, not when someone next runs the mutations)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "mutations.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
