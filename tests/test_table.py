@@ -146,8 +146,9 @@ def test_sixteen_bit_outputs_are_the_formula_rounded_once(rng, case, dtype, data
     but where the exact value lies within that error of a midpoint between two 16-bit
     numbers, rounding each of them once may pick neighbours: so within 1 ulp, and
     not further (16-bit arithmetic, or a rounding of a rounded value, drifts by
-    several). Where an output cancels (``(x - m) * a`` nearly ``-B``), the float32 arithmetic's error is not below an
-    ulp of the tiny result: it is allowed on top, as in the routes test. And bit
+    several). Where an output cancels (``(x - m) * a`` nearly ``-B``), the float32
+    arithmetic's error is not below an ulp of the tiny result: it is allowed on top,
+    as in the routes test. And bit
     for bit almost everywhere: a midpoint that close is rare, while truncation
     misrounds half of the outputs."""
     work = make(case, dtype, data_format, rng)
