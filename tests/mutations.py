@@ -92,6 +92,7 @@ BWD_SPEC = "normkernels/ops/backward.py"
 BWD_SUMS = "normkernels/kernels/backward_sums.py"
 BWD_DX = "normkernels/kernels/backward_dx.py"
 BACKWARD = ["tests/test_backward.py"]
+TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 TARGET = "normkernels/kernels/target.py"
 PORTABLE = ["tests/test_portable.py"]
@@ -460,6 +461,27 @@ MUTATIONS = [
              "to ONNX's momentum 0.9, not the dnnl backend's 0.5", [
                  ("normkernels/ops/onednn_training.py", "MOMENTUM = 0.5", "MOMENTUM = 0.9")],
              BACKWARD),
+    # state shared between calls: only concurrent calls on different data show it (the
+    # table battery's threads test; the other thread tests run one input at a time)
+    mutation("scratch-shared/rows-backward", "the row backward's column partials in one "
+             "buffer per shape, shared by concurrent calls", [
+                 (ENGINE, "        part_g, part_b = np.empty((items, K)), np.empty((items, K))\n",
+                  "        part_g, part_b = self.__dict__.setdefault(\n"
+                  "            (\"rows_backward\", items, K), (np.empty((items, K)), "
+                  "np.empty((items, K))))\n")], TABLE_THREADS),
+    mutation("scratch-shared/grad-sums", "the per-channel gradient sums (BN backward; "
+             "instance and group backward of short planes) in one buffer per C, shared by "
+             "concurrent calls", [
+                 (ENGINE, "        total1, total2 = np.empty(C), np.empty(C)\n",
+                  "        total1, total2 = self.__dict__.setdefault((\"grad_sums\", C), "
+                  "(np.empty(C), np.empty(C)))\n")], TABLE_THREADS),
+    mutation("scratch-shared/group-grad-sums", "the fused instance and group backward "
+             "reduction's partials in one set of buffers per shape, shared by concurrent "
+             "calls", [
+                 (ENGINE, "        parts = [np.empty(shape) for _ in range(4)]\n",
+                  "        parts = self.__dict__.setdefault((\"group_grad_sums\", shape),\n"
+                  "                                         [np.empty(shape) for _ in "
+                  "range(4)])\n")], TABLE_THREADS),
     mutation("error-names-nothing", "a wrong parameter length is reported without naming "
              "the parameter", [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',
