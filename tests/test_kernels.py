@@ -151,13 +151,14 @@ def test_import_compiles_nothing():
     assert result.stdout.strip() == "0"
 
 
-def test_public_names_are_the_api_and_bind():
+def test_public_names_are_the_api_bind_and_warmup():
     """normkernels' lazy names (listed by hand, so importing it loads nothing) are the
-    functions of every module of normkernels.api, re-exported there, and bind."""
+    functions of every module of normkernels.api, re-exported there, bind and
+    warmup."""
     import normkernels
     from normkernels import api
 
-    assert sorted(normkernels.__all__) == sorted([*api.__all__, "bind"])
+    assert sorted(normkernels.__all__) == sorted([*api.__all__, "bind", "warmup"])
     for name in api.__all__:
         assert getattr(normkernels, name) is getattr(api, name)
         assert getattr(api, name).__module__.startswith("normkernels.api."), name

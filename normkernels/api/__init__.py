@@ -13,49 +13,21 @@ One module per family, each function a one-line call of its spec function
 * :mod:`normkernels.api.backward`: the gradients of the ONNX-style operators
 * :mod:`normkernels.api.onednn`: oneDNN Graph's operations (inference and training)
 
-Every public function is re-exported here (``normkernels.api.<name>``) and loaded
-lazily as ``normkernels.<name>``.
+Every public function a family module defines is re-exported here
+(``normkernels.api.<name>``, found by the loop below: a new function needs no line
+here) and loaded lazily as ``normkernels.<name>`` (named in ``normkernels.__all__``).
 """
 
-from normkernels.api.backward import (
-    batch_normalization_backward,
-    group_normalization_backward,
-    instance_normalization_backward,
-    layer_normalization_backward,
-    rms_normalization_backward,
-)
-from normkernels.api.batch import batch_normalization, merge_moments, moments, partial_moments
-from normkernels.api.groups import (
-    group_normalization,
-    lp_normalization,
-    lrn,
-    mean_variance_normalization,
-)
-from normkernels.api.instance import instance_normalization
-from normkernels.api.onednn import (
-    batch_norm_forward_training,
-    batch_norm_inference,
-    batch_norm_training_backward,
-    group_norm,
-    layer_norm,
-    layer_norm_backward,
-    rms_norm,
-)
-from normkernels.api.rows import (
-    layer_normalization,
-    rms_normalization,
-    simplified_layer_normalization,
-    skip_layer_normalization,
-    skip_simplified_layer_normalization,
-)
+import inspect
 
-__all__ = ["batch_norm_forward_training", "batch_norm_inference",
-           "batch_norm_training_backward", "batch_normalization",
-           "batch_normalization_backward", "group_norm", "group_normalization",
-           "group_normalization_backward", "instance_normalization",
-           "instance_normalization_backward", "layer_norm", "layer_norm_backward",
-           "layer_normalization", "layer_normalization_backward", "lp_normalization",
-           "lrn", "mean_variance_normalization", "merge_moments", "moments",
-           "partial_moments", "rms_norm", "rms_normalization",
-           "rms_normalization_backward", "simplified_layer_normalization",
-           "skip_layer_normalization", "skip_simplified_layer_normalization"]
+from normkernels.api import backward, batch, groups, instance, onednn, rows
+
+__all__ = []
+for _family in (backward, batch, groups, instance, onednn, rows):
+    for _name, _value in vars(_family).items():
+        # the functions a family module defines (not those it imports)
+        if (inspect.isfunction(_value) and not _name.startswith("_")
+                and _value.__module__ == _family.__name__):
+            globals()[_name] = _value
+            __all__.append(_name)
+__all__.sort()
