@@ -39,9 +39,10 @@ def storage_view(arr):
     dispatch on every call. The kernels never write their inputs: a read-only array
     is handed to them as a writeable array over the same memory (:class:`_Memory`),
     or, when small and contiguous, as a copy, so one specialization serves both."""
-    dtype = arr.dtype
-    if dtype != FLOAT32 and dtype != FLOAT64:
-        arr = arr.view(STORAGE_DTYPE[dtype])
+    if arr.itemsize == 2:  # one attribute, not two dtype comparisons (per-call cost)
+        storage = STORAGE_DTYPE.get(arr.dtype)
+        if storage is not None:
+            arr = arr.view(storage)
     flags = arr.flags
     if flags.writeable:
         return arr
