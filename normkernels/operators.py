@@ -212,21 +212,23 @@ class Operator(OperatorFormulas):
 
 
     def coldstart_call(self, mode):
-        """Source of a first call, for ``normkernels coldstart`` (X, p defined; the
+        """Source of a first call, for ``normkernels coldstart`` (X, p defined, X in
+        NCX; row normalizations take X's rows, X.reshape(-1, X.shape[-1]); the
         backward's dY is X, its mean and var p)."""
+        x = "X.reshape(-1, X.shape[-1])" if self.rows else "X"
         p = "np.ones(X.shape[-1], 'float32')" if self.rows else "p"  # per column
         if mode == BACKWARD:
             count = 3 if self.batch_statistics else 1
-            args = ", ".join(["X", "X", *[p] * count])
+            args = ", ".join([x, x, *[p] * count])
         else:
-            args = ", ".join(["X", *["X"] * self.skip, *[p] * self.n_params])
-        kwargs = dict(self.mode_kwargs.get(mode, {}))
-        if self.groups is not None:
-            kwargs[self.groups[0]] = GROUPS
+            args = ", ".join([x, *[x] * self.skip, *[p] * self.n_params])
+        kwargs = {k: repr(v) for k, v in self.mode_kwargs.get(mode, {}).items()}
+        if self.groups is not None:  # the largest divisor of C up to GROUPS
+            kwargs[self.groups[0]] = f"int(np.gcd(X.shape[1], {self.groups[1]}))"
         if self.name in ("batchnorm-inference", "groupnorm-onednn",
                          "batchnorm-training-onednn"):  # oneDNN: NXC default
-            kwargs["data_format"] = "NCX"
-        extra = "".join(f", {k}={v!r}" for k, v in kwargs.items())
+            kwargs["data_format"] = "'NCX'"
+        extra = "".join(f", {k}={v}" for k, v in kwargs.items())
         return f"nk.{self.target(mode)[0]}({args}{extra})"
 
 

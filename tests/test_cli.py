@@ -148,18 +148,20 @@ def test_backward_workloads_move_three_arrays_and_skip_the_onnx_peers(capsys):
     assert "suite backward: backward-resnet-stem-f32-ncx" in capsys.readouterr().out
 
 
-def test_coldstart_calls_of_the_backward_mode_run():
-    """The first-call sources ``normkernels coldstart`` runs for mode backward are valid
-    calls (dY = X; mean and var ones) on a shape like its default (64 channels)."""
+def test_coldstart_calls_run():
+    """The first-call sources ``normkernels coldstart`` runs (every record and mode) are
+    valid calls on its default shape (dY = X; mean and var ones; rows: X's rows)."""
     import normkernels as nk
 
-    families = {f: c for f, c in model_timing.COLD_START_FAMILIES.items()
-                if f.endswith(" backward")}
-    assert set(families) == {f"{op.name} backward" for op in BACKWARD_OPS}
-    for call in families.values():
-        X = np.ones((2, 64, 4, 4), "float32")
-        dX = eval(call, {"nk": nk, "np": np, "X": X, "p": np.ones(64, "float32")})[0]
-        assert dX.shape == X.shape and np.isfinite(dX).all()
+    families = model_timing.COLD_START_FAMILIES
+    assert set(families) == {f"{op.name} {mode}" for op in OPERATORS.values()
+                             for mode in op.modes}
+    assert {f"{op.name} backward" for op in BACKWARD_OPS} <= set(families)
+    X = np.ones((2, 16, 8, 8), "float32")
+    for family, call in families.items():
+        result = eval(call, {"nk": nk, "np": np, "X": X, "p": np.ones(16, "float32")})
+        first = result[0] if isinstance(result, tuple) else result
+        assert np.isfinite(first).all(), family
 
 
 def test_bench_command(tmp_path, capsys):
