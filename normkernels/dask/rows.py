@@ -176,6 +176,16 @@ def check_row_rank(label, X, a, what):
                          f"their {what} undefined")
 
 
+def _resolve(spec, X, opset, axis, epsilon, stash_type):
+    """X checked, and the version, label, attributes and epsilon of the call."""
+    da = check(X, rows=True)
+    version = spec.version_for(opset)
+    label = version.label(spec.OP)
+    attrs = common.resolve_attributes(label, version, {"axis": axis, "epsilon": epsilon,
+                                                       "stash_type": stash_type})
+    return da, version, label, attrs, common.check_epsilon(label, attrs["epsilon"])
+
+
 def rows(op):
     """Per-row moments merged across chunks of the normalized axes: ONNX
     LayerNormalization (family "layer") and RMSNormalization ("rms")."""
@@ -203,12 +213,8 @@ def rows(op):
               ``compute_statistics=True`` computes the statistics now (see
               :func:`batch_normalization`; no effect with whole rows, read once).
             """
-            da = check(X, rows=True)
-            version = spec.version_for(opset)
-            label = version.label(spec.OP)
-            attrs = common.resolve_attributes(label, version, {"axis": axis, "epsilon": epsilon,
-                                                               "stash_type": stash_type})
-            eps = common.check_epsilon(label, attrs["epsilon"])
+            da, version, label, attrs, eps = _resolve(spec, X, opset, axis, epsilon,
+                                                      stash_type)
             stash = spec.stash_dtype(label, attrs["stash_type"])
             n_out = spec.check_outputs(label, num_outputs, 3)
             arrays = {"X": row_array("X", X), "Scale": row_array("Scale", Scale)}
@@ -260,12 +266,7 @@ def rows(op):
         per-row float64 mean squares of every block merged as a weighted mean in dask's
         tree reduction, then a blockwise normalize with them (as
         :func:`layer_normalization`)."""
-        da = check(X, rows=True)
-        version = spec.version_for(opset)
-        label = version.label(spec.OP)
-        attrs = common.resolve_attributes(label, version, {"axis": axis, "epsilon": epsilon,
-                                                           "stash_type": stash_type})
-        eps = common.check_epsilon(label, attrs["epsilon"])
+        da, version, label, attrs, eps = _resolve(spec, X, opset, axis, epsilon, stash_type)
         _ln.stash_dtype(label, attrs["stash_type"], spec.RMS_STASH)  # checked; no output has it
         X, scale = row_array("X", X), row_array("scale", scale)
         for name, arr in (("X", X), ("scale", scale)):
