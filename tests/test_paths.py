@@ -216,6 +216,8 @@ CASES.update({
                                   path="streaming", patch=SPLIT),
     "layer-forked": case("layer", ROWS, "NCX", ["one-thread", "rows/fused/serial"],
                          path="parallel", forked=True),
+    "rms-fused-serial": case("rms", ROWS, "NCX", ["rows/fused/serial"], path="serial"),
+    "rms-short-rows-serial": case("rms", (40, 7), "NCX", ["rows/fused/serial"], path="serial"),
     "rms-fused-streaming": case("rms", ROWS, "NCX", ["rows/fused/streaming"], path="streaming"),
     "rms-split-parallel": case("rms", (1, 70001), "NCX", ["rows/split/parallel"],
                                path="parallel"),

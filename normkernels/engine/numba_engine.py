@@ -54,7 +54,10 @@ class NumbaEngine(Engine):
                                    asleep_rule=True)
         if path == "serial":  # one compiled call: guard, fold, tables, loop (per-call latency)
             period = policy.inference_period(C, S, x.itemsize, ys.size)
-            return inference.normalize_serial(xs, ys, C, S, *params, epsilon, period, guard)
+            if period == 0:
+                return inference.normalize_planes_serial(xs, ys, C, S, *params, epsilon, guard)
+            return inference.normalize_periodic_serial(xs, ys, C, S, *params, epsilon, period,
+                                                       guard)
         if guard and inference.shares_input(xs, ys, *params):
             return False
         cd = compute_dtype(x.dtype)
@@ -72,7 +75,10 @@ class NumbaEngine(Engine):
             return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
         # serial: safe in any process (a forked child too) and one compiled call
         period = policy.inference_period(C, S, x.itemsize, ys.size)
-        kernel = inference.normalize_serial
+        if period == 0:
+            kernel = inference.normalize_planes_serial
+            return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, False)
+        kernel = inference.normalize_periodic_serial
         return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False)
 
     def running(self, previous, batch, momentum, dtype):
@@ -204,16 +210,16 @@ class NumbaEngine(Engine):
         # "none" is an empty array of its own: a slice of X would be read-only when X is,
         # and the kernel (typed for writing into sums) would not compile
         none = _nothing(xs.dtype)
-        if skip is None:
-            skip_s, bias_t = none, s[:0]
+        if skip is None:  # None: the kernels compile without the skip code
+            skip_s, bias_t = None, s[:0]
         else:
             skip_s = storage_view(skip).ravel()
             bias_t = s[:0] if bias is None else _column(bias)
         sums_s = none if sums is None else storage_view(sums).ravel()
         took("rows", "fused", path)
         if path == "serial":
-            rows.rows_serial(xs, xr, ys, yr, K, s, b, epsilon, centered, mean, var, skip_s,
-                             bias_t, sums_s)
+            kernel = rows.rows_serial if centered else rows.rms_rows_serial
+            kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t, sums_s)
         else:
             kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
             with launch_guard(path):

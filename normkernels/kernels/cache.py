@@ -17,6 +17,8 @@ same goes for the reading of cache files, made tolerant of corrupt files below.
 import hashlib
 from pathlib import Path
 
+import normkernels.kernels.inlining  # noqa: F401  (faster inlining, before any compile)
+
 _KERNEL_DIR = Path(__file__).resolve().parent
 _CACHE_DIRS = set()  # where the locators below put this package's kernels
 

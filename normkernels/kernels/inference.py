@@ -3,8 +3,9 @@
 Folding is O(C) but runs on every call; in NumPy it costs several microseconds of
 temporaries, more than the whole normalize pass of a small tensor. :func:`fold`
 states the folding rule of :func:`normkernels.reference.fold_parameters` (the NumPy
-twin's) in a loop, bit for bit; :func:`normalize_serial` folds and runs the
-one-thread loop in one call, so a small tensor costs one compiled call.
+twin's) in a loop, bit for bit; :func:`normalize_planes_serial` and
+:func:`normalize_periodic_serial` fold and run the one-thread loop in one call, so a
+small tensor costs one compiled call.
 """
 
 import math
@@ -38,7 +39,7 @@ def _overlaps(y, p):
     return p.size > 0 and lo < y_lo + y.size * y.itemsize and y_lo < hi
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**INLINE_OPTIONS)
 def shares_input(x, y, scale, B, mean, var):
     """Whether contiguous ``y`` may share memory with an input other than by being
     ``x`` exactly (bounds only, as ``numpy.may_share_memory``): a call plan then
@@ -48,7 +49,7 @@ def shares_input(x, y, scale, B, mean, var):
     return _overlaps(y, scale) or _overlaps(y, B) or _overlaps(y, mean) or _overlaps(y, var)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**INLINE_OPTIONS)
 def fold(scale, B, mean, var, epsilon, m, a, b):
     """``(m, a, b)`` in the compute dtype such that ``(x - m) * a + b`` is
     ``(x - mean) * scale / sqrt(var + epsilon) + B``: ``a`` in float64 rounded once;
@@ -68,20 +69,35 @@ def fold(scale, B, mean, var, epsilon, m, a, b):
             b[c] = load(B, c)
 
 
-@njit(**KERNEL_OPTIONS)
-def normalize_serial(x, y, C, S, scale, B, mean, var, epsilon, period, guard):
-    """Fold, then ``y = (x - m) * a + b`` on one thread: the planes loop when
-    ``period`` is 0, else the periodic loop over tables of ``period`` entries (a
-    multiple of ``C * S``) plus ``TABLE_PAD`` of wrap-around, built here. With
-    ``guard``, first :func:`shares_input`: when it finds an overlap, returns False
-    having written nothing."""
-    if guard and shares_input(x, y, scale, B, mean, var):
-        return False
+@njit(**INLINE_OPTIONS)
+def _folded(x, C, scale, B, mean, var, epsilon):
     m, a, b = compute_empty(x, C), compute_empty(x, C), compute_empty(x, C)
     fold(scale, B, mean, var, epsilon, m, a, b)
-    if period == 0:
-        scale_shift_planes_serial(x, y, C, S, m, a, b)
-        return True
+    return m, a, b
+
+
+# The one-thread inference kernels: with ``guard``, first :func:`shares_input`, and
+# when it finds an overlap, return False having written nothing; then fold and run
+# the loop. One kernel per loop shape, so a first call compiles only the loop it runs.
+
+
+@njit(**KERNEL_OPTIONS)
+def normalize_planes_serial(x, y, C, S, scale, B, mean, var, epsilon, guard):
+    """Fold, then ``y = (x - m) * a + b`` on one thread by the planes loop."""
+    if guard and shares_input(x, y, scale, B, mean, var):
+        return False
+    m, a, b = _folded(x, C, scale, B, mean, var, epsilon)
+    scale_shift_planes_serial(x, y, C, S, m, a, b)
+    return True
+
+
+@njit(**KERNEL_OPTIONS)
+def normalize_periodic_serial(x, y, C, S, scale, B, mean, var, epsilon, period, guard):
+    """Fold, then the periodic loop over tables of ``period`` entries (a multiple of
+    ``C * S``) plus ``TABLE_PAD`` of wrap-around, built here."""
+    if guard and shares_input(x, y, scale, B, mean, var):
+        return False
+    m, a, b = _folded(x, C, scale, B, mean, var, epsilon)
     n = period + TABLE_PAD
     mt, at, bt = compute_empty(x, n), compute_empty(x, n), compute_empty(x, n)
     fill_tables(C, S, m, a, b, mt, at, bt)
@@ -89,7 +105,7 @@ def normalize_serial(x, y, C, S, scale, B, mean, var, epsilon, period, guard):
     return True
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**INLINE_OPTIONS)
 def fill_tables(C, S, m, a, b, mt, at, bt):
     """Parameter tables of the periodic loop: entry ``i`` holds channel
     ``(i // S) % C``'s parameters (a compiled loop: the NumPy gather cost 15 us per call

@@ -242,9 +242,10 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
           bias, sums, vector):
     """Rows ``first..last-1``, fused, in blocks of about ``BLOCK_ELEMENTS``. With skip,
     each block's sums are written first (to ``sums``, or to scratch rows) and the
-    block is normalized from them."""
+    block is normalized from them. ``skip`` None (a type of its own, so the skip code
+    is not compiled for calls without it) means no skip."""
     per_block = max(1, BLOCK_ELEMENTS // K)
-    if skip.size == 0:
+    if skip is None:
         for lo in range(first, last, per_block):
             _block(x, 0, xr, y, yr, K, lo, min(last, lo + per_block), s, b, epsilon, centered,
                    mean, var, m, a, c, vector)
@@ -273,27 +274,48 @@ def column_table(x, p, K):
     return t
 
 
-@njit(**KERNEL_OPTIONS)
-def _prepare(x, K, scale, B, bias, M, skip):
+@njit(**_INLINE)
+def _tables(x, K, scale, B, bias, M, skip):
     """The column tables (the bias table only with ``skip``) and room for the row
-    scalars. Not inlined: inside a parallel kernel ``t[:] = -0.0`` became a parallel
-    region of its own (120 us a call)."""
+    scalars."""
     return (column_table(x, scale, K), column_table(x, B, K),
-            column_table(x, bias, K if skip.size > 0 else 0),
+            column_table(x, bias, 0 if skip is None else K),
             row_compute_empty(x, M), row_compute_empty(x, M), row_compute_empty(x, M))
 
 
 @njit(**KERNEL_OPTIONS)
-def rows_serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, bias, sums):
-    """Every row fused, on one thread: statistics into ``mean[r], var[r]`` (float64;
-    ``var`` is the mean square when not ``centered``), Y into ``y``. ``scale``, ``B``
-    and ``bias`` are ``K`` values (any storage dtype; ``B`` and ``bias`` empty: none);
-    ``skip`` (contiguous rows of ``K``; row ``r`` adds skip row ``r % rows``) empty
-    means no skip; ``sums`` (contiguous ``M x K``) empty means the sums are not kept."""
+def _prepare(x, K, scale, B, bias, M, skip):
+    """:func:`_tables` for the parallel kernels, not inlined there: inside a parallel
+    kernel ``t[:] = -0.0`` became a parallel region of its own (120 us a call)."""
+    return _tables(x, K, scale, B, bias, M, skip)
+
+
+@njit(**_INLINE)
+def _serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, bias, sums):
     M = mean.size
-    s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
+    s, b, bias_t, m, a, c = _tables(x, K, scale, B, bias, M, skip)
     _rows(x, xr, y, yr, K, 0, M, s, b, epsilon, centered, mean, var, m, a, c, skip, bias_t,
           sums, vector_row)
+
+
+# One-thread kernels, one per statistic (``centered`` a constant, so each compiles
+# only its own statistics: a first call compiles one).
+
+
+@njit(**KERNEL_OPTIONS)
+def rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, sums):
+    """Every row fused, on one thread: statistics into ``mean[r], var[r]`` (float64),
+    Y into ``y``. ``scale``, ``B`` and ``bias`` are ``K`` values (any storage dtype;
+    ``B`` and ``bias`` empty: none); ``skip`` (contiguous rows of ``K``; row ``r`` adds
+    skip row ``r % rows``) None means no skip; ``sums`` (contiguous ``M x K``) empty
+    means the sums are not kept."""
+    _serial(x, xr, y, yr, K, scale, B, epsilon, True, mean, var, skip, bias, sums)
+
+
+@njit(**KERNEL_OPTIONS)
+def rms_rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, sums):
+    """:func:`rows_serial` with the mean square in ``var`` (uncentred: RMS)."""
+    _serial(x, xr, y, yr, K, scale, B, epsilon, False, mean, var, skip, bias, sums)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)

@@ -199,7 +199,7 @@ def _periodic_range(x, y, lo, hi, P, mean, a, b, tables):
     run_tables(xs[body:], ys[body:], mean[phase:], a[phase:], b[phase:])
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**_INLINE)
 def scale_shift_planes_serial(x, y, C, S, mean, a, b):
     """``y[i] = (x[i] - mean[c]) * a[c] + b[c]``, ``c = (i // S) % C``; one thread."""
     if S >= MIN_PLANE:
@@ -233,7 +233,7 @@ def scale_shift_planes_streaming(x, y, C, S, mean, a, b, block):
         store_fence()
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**_INLINE)
 def scale_shift_periodic_serial(x, y, P, mean, a, b):
     """``y[i] = (x[i] - mean[i % P]) * a[i % P] + b[i % P]``; one thread."""
     _periodic_range(x, y, 0, x.size, P, mean, a, b, _vector_tables)

@@ -1,0 +1,78 @@
+"""Faster IR inlining of this package's ``inline="always"`` helpers, same IR.
+
+Numba inlines an ``inline="always"`` function by deep-copying the callee's IR block by
+block (``InlineWorker.inline_ir``, twice per call site). Each block's copy starts a
+new ``copy.deepcopy`` memo, so each copies the callee's whole scope, every variable
+of the function, again: the cost is blocks x variables. For a row kernel whose
+helpers are themselves inlined that is 132 blocks x 1569 variables, and the copies
+were most of the inlining pass (about 1.5 s of a 5 s compile; see "Compile time" in
+docs/design.md).
+
+Here the blocks of one copy share one memo per source scope, so the scope and its
+variables are copied once: the copied IR has one scope object where Numba's had one
+equal copy per block (Numba then takes the one scope by equality anyway), and the
+same instructions, names and types, so the same machine code. Only calls whose
+caller is a function of this package take the shared memo; any other compile in the
+process runs Numba's code unchanged. This patches Numba internals: when the names it
+relies on are missing, nothing is patched and compiles are only slower.
+"""
+
+import copy
+
+_PACKAGE = __name__.split(".")[0]
+
+
+class _SharedScopeCopy:
+    """Stands in for the ``copy`` module inside one ``inline_ir`` call: a deepcopy of
+    a block reuses the memo of earlier blocks with the same scope (kept alive here,
+    so an ``id`` is never reused while its memo lives)."""
+
+    def __init__(self, block_type):
+        self._block_type = block_type
+        self._memos = {}
+
+    def deepcopy(self, value, memo=None):
+        if memo is None and isinstance(value, self._block_type):
+            scope = value.scope
+            entry = self._memos.get(id(scope))
+            if entry is None:
+                entry = self._memos[id(scope)] = (scope, {})
+            return copy.deepcopy(value, entry[1])
+        return copy.deepcopy(value, memo)
+
+    def __getattr__(self, name):
+        return getattr(copy, name)
+
+
+def _install():
+    try:
+        from numba.core import inline_closurecall, ir
+    except ImportError:  # pragma: no cover
+        return
+    worker = getattr(inline_closurecall, "InlineWorker", None)
+    original = getattr(worker, "inline_ir", None)
+    if (original is None or getattr(original, "_normkernels", False)
+            or getattr(inline_closurecall, "copy", None) is not copy
+            or not hasattr(ir, "Block")):
+        return
+
+    def inline_ir(self, caller_ir, block, i, callee_ir, callee_freevars, arg_typs=None):
+        func_id = getattr(caller_ir, "func_id", None)
+        module = getattr(func_id, "modname", "") or ""
+        if module.split(".")[0] != _PACKAGE:
+            return original(self, caller_ir, block, i, callee_ir, callee_freevars,
+                            arg_typs=arg_typs)
+        # Numba compiles under one global lock, so no other inline_ir runs meanwhile
+        inline_closurecall.copy = _SharedScopeCopy(ir.Block)
+        try:
+            return original(self, caller_ir, block, i, callee_ir, callee_freevars,
+                            arg_typs=arg_typs)
+        finally:
+            inline_closurecall.copy = copy
+
+    inline_ir._normkernels = True
+    inline_ir.__doc__ = original.__doc__
+    worker.inline_ir = inline_ir
+
+
+_install()
