@@ -94,6 +94,7 @@ BWD_DX = "normkernels/kernels/backward_dx.py"
 BACKWARD = ["tests/test_backward.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
+INLINING = "normkernels/kernels/inlining.py"
 TARGET = "normkernels/kernels/target.py"
 PORTABLE = ["tests/test_portable.py"]
 
@@ -290,6 +291,16 @@ MUTATIONS = [
     mutation("streaming-hint-dropped", "streaming kernels emit ordinary stores", [
         (VECTORS, '        store.set_metadata("nontemporal", hint)\n', "")],
              ["tests/test_kernels.py", "-k", "non_temporal"]),
+    mutation("inliner-copies-share-one-block", "the faster inliner hands every block of a "
+             "copy the same copied block (one memo for the whole inline, not per scope)", [
+                 (INLINING, "            return copy.deepcopy(value, entry[1])",
+                  "            return entry[1].setdefault('b', copy.deepcopy(value, entry[1]))")],
+             ["tests/test_kernels.py", "-k", "inliner"]),
+    mutation("inliner-patched-at-import", "the faster inliner is installed at import "
+             "(Numba's inliner imported by every process)", [
+                 (INLINING, "\n_install_at_first_compile()\n",
+                  "\n_install()\n")],
+             ["tests/test_kernels.py", "-k", "inliner"]),
     mutation("corrupt-cache-raises", "a corrupt kernel cache file raises into the call", [
         (CACHE, "\n_tolerate_unreadable_files()\n",
          "\n")], ["tests/test_reliability.py", "-k", "corrupt_cache"]),

@@ -188,6 +188,31 @@ def test_kernels_are_cached_in_numba_cache_dir(tmp_path):
     assert any(name.startswith("inference.normalize_planes_serial") for name in cached)
 
 
+def test_inliner_patch_installs_at_first_compile_and_keeps_results(tmp_path):
+    """kernels/inlining.py: not at import (a process that only loads cached kernels
+    never imports Numba's inliner), but before the first compile; compiled with it, a
+    kernel with inlined helpers gives the bits of one compiled without it."""
+    result = _python("""
+        import numpy as np, normkernels
+        import normkernels.kernels.cache
+        from numba import njit
+        from numba.core import inline_closurecall as icc
+        from normkernels.kernels import inference
+        before = getattr(icc.InlineWorker.inline_ir, "_normkernels", False)
+        rng = np.random.default_rng(0)
+        x = (rng.standard_normal((2, 3, 40, 40)) * 3 + 1e4).astype(np.float32)
+        p = [rng.random(3).astype(np.float32) + 0.5 for _ in range(4)]
+        y = normkernels.batch_normalization(x, *p)
+        after = getattr(icc.InlineWorker.inline_ir, "_normkernels", False)
+        icc.InlineWorker.inline_ir = icc.InlineWorker.inline_ir.__wrapped__
+        plain = njit(cache=False)(inference.normalize_planes_serial.py_func)
+        y2 = np.empty_like(x)
+        plain(x.ravel(), y2.ravel(), 3, 1600, *p, 1e-5, False)
+        print(before, after, np.array_equal(y.view(np.uint32), y2.view(np.uint32)))
+    """, NUMBA_CACHE_DIR=str(tmp_path))
+    assert result.stdout.split() == ["False", "True", "True"]
+
+
 def test_cache_stamp_covers_every_kernel_source():
     """An edit to elements.py or vectors.py must invalidate cached kernels."""
     locator = scale_shift.scale_shift_planes_serial._cache._impl.locator

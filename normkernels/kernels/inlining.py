@@ -71,8 +71,33 @@ def _install():
             inline_closurecall.copy = copy
 
     inline_ir._normkernels = True
+    inline_ir.__wrapped__ = original
     inline_ir.__doc__ = original.__doc__
     worker.inline_ir = inline_ir
 
 
-_install()
+def _install_at_first_compile():
+    """Patch when Numba first compiles, not at import: importing Numba's inliner
+    costs 50 ms, which a process that only loads cached kernels never needs."""
+    try:
+        from numba.core import event
+        listener_base = event.Listener
+    except (ImportError, AttributeError):  # pragma: no cover
+        _install()
+        return
+
+    class _AtCompile(listener_base):
+        def on_start(self, ev):
+            if not self.installed:
+                self.installed = True
+                _install()
+
+        def on_end(self, ev):
+            pass
+
+    listener = _AtCompile()
+    listener.installed = False
+    event.register("numba:compile", listener)
+
+
+_install_at_first_compile()
