@@ -4,18 +4,23 @@
 ``bind(function, *args, **kwargs)`` checks the arguments as the call would, then
 returns a zero-argument callable that computes ``function(*args, **kwargs)`` from
 the arrays' *current* contents and returns the result (the same output array each
-time: ``out``, or one allocated at binding). For per-channel inference whose arrays
-need no conversion or copy, the callable is one compiled call (the kernel and its
+time: ``out``, or one allocated at binding). Where the call is per-channel inference
+or a row normalization whose only output is Y, and its arrays need no conversion or
+copy, the callable is one compiled call on the serial path (the kernel and its
 arguments resolved at binding); anything else is bound as the plain call (still
 correct, no faster). The arrays must stay alive and keep their memory, as with
 io-binding; an ``out`` made read-only after binding is an error at the call.
 """
 
+import importlib
+import inspect
+
+import numpy as np
+
 import normkernels.api as api
 from normkernels.engine import Engine
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.ops import batch_norm_inference as _bni
-from normkernels.ops import batch_normalization as _bn
+from normkernels.operators import OPERATORS
 
 
 class _NotBindable(Exception):
@@ -23,44 +28,82 @@ class _NotBindable(Exception):
 
 
 class _Recorder(Engine):
-    """An engine that records the one inference call a spec function makes and
-    computes nothing."""
+    """An engine that records the one kernel call a spec function makes (per-channel
+    inference or a row normalization) and computes nothing; any other engine method
+    means the call is not bindable."""
 
     name = "recorder"
     call = None
 
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
-        self.call = (x, y, C, S, scale, B, mean, var, epsilon)
+        self._record("inference", (x, y, C, S, scale, B, mean, var, epsilon))
         return True
 
+    def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
+                       sums=None, path=None):
+        if sums is not None:
+            raise _NotBindable("sums")
+        self._record("rows", (x, y, scale, B, epsilon, centered, skip, bias))
+        return np.zeros(x.shape[0]), np.ones(x.shape[0])
+
+    def _record(self, kind, arguments):
+        if self.call is not None:
+            raise _NotBindable("two kernel calls")
+        self.call = (kind, arguments)
+
     def __getattribute__(self, name):
-        if name in ("scale_shift", "channel_moments", "instance_planes", "instance_rows"):
+        if (not name.startswith("_") and name not in ("inference", "normalize_rows")
+                and callable(getattr(Engine, name, None))):
             raise _NotBindable(name)
         return super().__getattribute__(name)
 
 
-# public function -> its spec function (X and the four parameters come first)
-_SPECS = {api.batch_normalization: _bn.batch_normalization,
-          api.batch_norm_inference: _bni.batch_norm_inference}
+def _spec(function):
+    """The spec-layer function of a public operator, from the operator table."""
+    for op in OPERATORS.values():
+        for mode in op.modes:
+            name, module = op.target(mode)
+            if name == function.__name__:
+                return getattr(importlib.import_module(f"normkernels.ops.{module}"), name)
+    return None
 
 
 def bind(function, *args, **kwargs):
     """See the module docstring and :func:`normkernels.bind`."""
     if not callable(function) or not _public(function):
         raise TypeError(f"bind: function must be a normkernels operator, got {function!r}")
-    spec = _SPECS.get(function)
-    if spec is not None:
-        recorder = _Recorder()
-        try:
-            result = spec(*args, **kwargs, engine=recorder, path="serial")
-        except _NotBindable:  # training: statistics first; bound as the plain call
-            result = None
-        if recorder.call is not None and not isinstance(result, tuple):
-            fast = _fast(recorder.call, args, kwargs.get("out"), result)
-            if fast is not None:
-                return fast
+    fast = _bound_kernel(function, args, kwargs)
+    if fast is not None:
+        return fast
     function(*args, **kwargs)  # the checks (and a first result), raising as the call does
     return lambda: function(*args, **kwargs)
+
+
+def _bound_kernel(function, args, kwargs):
+    """The compiled bound call, or None (the plain call then binds, and raises what the
+    call raises)."""
+    spec = _spec(function)
+    if spec is None:
+        return None
+    try:  # the public function's arguments, its defaults applied, as it passes them
+        arguments = inspect.signature(function).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    arguments.apply_defaults()
+    recorder = _Recorder()
+    try:
+        result = spec(**arguments.arguments, engine=recorder, path="serial")
+    except (_NotBindable, TypeError):  # training, instance norms...: the plain call
+        return None
+    if recorder.call is None or not isinstance(result, np.ndarray):
+        return None
+    out = arguments.arguments.get("out")
+    inputs = [a for name, a in arguments.arguments.items()
+              if isinstance(a, np.ndarray) and name != "out"]
+    kind, recorded = recorder.call
+    if kind == "inference":
+        return _fast(recorded, inputs, out, result)
+    return _fast_rows(recorded, inputs, out, result)
 
 
 def _public(function):
@@ -71,21 +114,30 @@ def _public(function):
     return name in api.__all__ and getattr(api, name) is function
 
 
-def _fast(recorded, args, out, result):
-    """The compiled bound call, or None when the spec layer converted or copied an
-    array (its later contents would not be seen) or Y is copied into ``out``."""
-    x, y, C, S, scale, B, mean, var, epsilon = recorded
-    X, *params = args[:5]
-    if len(args) < 5 or any(p is not q for p, q in zip(params, (scale, B, mean, var),
-                                                         strict=True)):
-        return None
-    if x is not X and not _same_memory(x, X):
-        return None
-    if out is not None and not _same_memory(y, out):
-        return None
-    run = ENGINE.bind_inference(x, y, C, S, scale, B, mean, var, epsilon)
-    Y = result
+def _reads(views, inputs):
+    """Every recorded input is exactly the memory of one of the call's arrays (not a
+    copy or conversion, whose later contents the bound call would not see)."""
+    return all(v is None or any(_same_memory(v, a) for a in inputs) for v in views)
 
+
+def _fast(recorded, inputs, out, result):
+    """The compiled bound inference call, or None when the spec layer converted or
+    copied an array or Y is copied into ``out``."""
+    x, y, C, S, scale, B, mean, var, epsilon = recorded
+    if not _reads((x, scale, B, mean, var), inputs) or not _same_memory(y, result):
+        return None
+    return _checked(ENGINE.bind_inference(x, y, C, S, scale, B, mean, var, epsilon), result)
+
+
+def _fast_rows(recorded, inputs, out, result):
+    """The bound row normalization: one compiled call on the serial path."""
+    x, y, scale, B, epsilon, centered, skip, bias = recorded
+    if not _reads((x, scale, B, skip, bias), inputs) or not _same_memory(y, result):
+        return None
+    return _checked(ENGINE.bind_rows(x, y, scale, B, epsilon, centered, skip, bias), result)
+
+
+def _checked(run, Y):
     def call():
         if not Y.flags.writeable:
             raise ValueError("bound call: out is read-only")

@@ -18,7 +18,7 @@ from oracle import (
 import normkernels as nk
 from normkernels.engine import policy
 
-SHAPE = (2, 5, 6, 7)
+SHAPE = (2, 5, 6, 7)  # layer normalization: rows of 7
 
 
 def _params(rng, C, dtype=np.float32):
@@ -34,7 +34,8 @@ def _change(rng, X, params):
 
 
 def _fast(call):
-    return call.__qualname__.startswith("_fast")
+    """The bound call is the compiled one (not the plain call)."""
+    return call.__qualname__.startswith("_checked")
 
 
 @pytest.mark.parametrize("op", ["onnx", "onednn"])
@@ -156,3 +157,77 @@ def test_other_operators_are_bound_as_plain_calls(rng):
         for a, b in zip(got if isinstance(got, tuple) else (got,),
                         want if isinstance(want, tuple) else (want,), strict=True):
             assert_identical(a, b)
+
+
+# --- every record of the operator table ---
+
+def _bind_params():
+    from table_cases import CASES
+
+    return [pytest.param(case, dtype, fmt, id=f"{case.id}-{dtype.name}-{fmt}")
+            for case in CASES for dtype in case.dtypes() for fmt in case.layouts()]
+
+
+def _compiled_bind_expected(case):
+    """Per-channel inference and the row normalizations bind to one compiled call."""
+    op = case.op
+    return case.mode == "inference" and (
+        op.family in ("layer", "rms") or op.function in ("batch_normalization",
+                                                         "batch_norm_inference"))
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+@pytest.mark.parametrize("case,dtype,data_format", _bind_params())
+def test_every_operator_binds_to_the_arrays_current_contents(case, dtype, data_format,
+                                                             with_out):
+    """Every (record, mode) of the table: the bound call gives, at each call, the bits
+    of the plain call on the arrays' current contents (new data written into the same
+    memory between calls), into ``out`` when given; the calls that can be one compiled
+    call are."""
+    from table_cases import make, outputs, primary
+
+    op, mode = case.op, case.mode
+    if with_out and op.reads_only:
+        pytest.skip("no out")
+    work = make(case, dtype, data_format, np.random.default_rng(0))
+    fn = getattr(nk, op.target(mode)[0])
+    X, params = work.X, work.params
+    args = op.arguments(X, params, mode)
+    kwargs = op.kwargs(mode, data_format, op.channel_count(X, data_format))
+    if with_out:
+        kwargs["out"] = out = np.empty_like(primary(case, fn(*args, **kwargs))[0])
+    call = nk.bind(fn, *args, **kwargs)
+    if kwargs.get("out") is None or case.writes_out:
+        assert _fast(call) == _compiled_bind_expected(case), call.__qualname__
+    for seed in (1, 2):
+        fresh = make(case, dtype, data_format, np.random.default_rng(seed))
+        for old, new in zip((X, *params), (fresh.X, *fresh.params), strict=True):
+            if isinstance(old, np.ndarray):
+                old[...] = new
+        copies = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        want = fn(*copies, **{**kwargs, "out": None} if "out" in kwargs else kwargs)
+        got = call()
+        if with_out:
+            assert primary(case, got)[0] is out
+        got, want = outputs(got), outputs(want)
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_identical(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("fn", [nk.batch_normalization, nk.layer_normalization])
+def test_read_only_arrays_are_read_at_every_call(rng, fn):
+    """Read-only views of memory written elsewhere (small ones are copied on the plain
+    path): the bound call reads the memory at every call, not a copy of binding time."""
+    C = 5 if fn is nk.batch_normalization else 7
+    buffers = [rng.normal(size=SHAPE).astype(np.float32)] + [
+        rng.uniform(0.5, 2.0, C).astype(np.float32) for _ in range(4 if C == 5 else 2)]
+    views = [b.view() for b in buffers]
+    for v in views:
+        v.flags.writeable = False
+    call = nk.bind(fn, *views)
+    assert _fast(call)
+    for _ in range(2):
+        for b in buffers:
+            b[...] = rng.uniform(0.5, 2.0, b.shape)
+        assert_identical(call(), fn(*[b.copy() for b in buffers]))

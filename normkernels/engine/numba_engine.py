@@ -16,6 +16,7 @@ from normkernels.dtypes import (
     FLOAT64,
     compute_dtype,
     row_compute_dtype,
+    storage_alias,
     storage_view,
 )
 from normkernels.engine import Engine, policy
@@ -68,9 +69,10 @@ class NumbaEngine(Engine):
         return True
 
     def bind_inference(self, x, y, C, S, scale, B, mean, var, epsilon):
-        xs, ys = _views(x, y)
-        p0, p1, p2, p3 = (storage_view(scale), storage_view(B), storage_view(mean),
-                          storage_view(var))
+        xs, ys = storage_alias(x.ravel()), storage_alias(y.ravel())
+        # aliases, never copies: the call must read the arrays' memory each time
+        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), storage_alias(mean),
+                          storage_alias(var))
         if ys.size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS:  # the path decided per call
             return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
         # serial: safe in any process (a forked child too) and one compiled call
@@ -226,6 +228,27 @@ class NumbaEngine(Engine):
                 kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
                        mean, var, skip_s, bias_t, sums_s)
         return mean, var
+
+    def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None):
+        """:meth:`normalize_rows` for fixed arrays, as a zero-argument callable (see
+        :func:`normkernels.bind`): on the serial path one compiled call with every
+        argument resolved here, else the engine call (its path decided per call)."""
+        M, K = x.shape
+        if x.size > policy.SERIAL_MAX_ELEMENTS or x.size == 0:
+            return lambda: self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip,
+                                               bias=bias)
+        # aliases, never copies: the call must read the arrays' memory each time
+        (xs, xr), (ys, yr) = _flat_rows(x, storage_alias), _flat_rows(y, storage_alias)
+        s = storage_alias(scale)
+        b = s[:0] if B is None else storage_alias(B)
+        skip_s = None if skip is None else storage_alias(skip).ravel()
+        bias_t = s[:0] if bias is None or skip is None else storage_alias(bias)
+        none = _nothing(xs.dtype)
+        mean, var = np.empty(M), np.empty(M)
+        kernel = rows.rows_serial if centered else rows.rms_rows_serial
+        epsilon = float(epsilon)
+        return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,
+                              none)
 
     def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
         K = x.shape[1]
@@ -397,15 +420,16 @@ def _column(p):
     return storage_view(p if p.flags.c_contiguous else np.ascontiguousarray(p))
 
 
-def _flat_rows(a):
+def _flat_rows(a, view=storage_view):
     """``(flat, row_stride)``: 2-D ``a`` (rows contiguous) as one flat storage array
-    from its first element to its last, and the row stride in elements."""
+    from its first element to its last (``view`` of it), and the row stride in
+    elements."""
     if a.flags.c_contiguous:
-        return storage_view(a).ravel(), a.shape[1]
+        return view(a).ravel(), a.shape[1]
     stride = a.strides[0] // a.itemsize
     n = (a.shape[0] - 1) * stride + a.shape[1] if a.size else 0
     flat = np.lib.stride_tricks.as_strided(a, shape=(n,), strides=(a.itemsize,))
-    return storage_view(flat), stride
+    return view(flat), stride
 
 
 def _add_skip(x, skip, bias, target):
