@@ -313,6 +313,12 @@ MUTATIONS = [
                  (ENGINE, "        s = storage_alias(scale)\n",
                   "        s = storage_view(scale)\n")],
              ["tests/test_bind.py", "-k", "every_operator and layernorm"]),
+    mutation("onednn-plan-key-without-keep-stats", "a oneDNN LayerNorm plan made with "
+             "keep_stats serves a call without it", [
+                 ("normkernels/ops/layer_norm.py",
+                  "(begin_norm_axis, epsilon, keep_stats, use_affine)",
+                  "(begin_norm_axis, epsilon, use_affine)")],
+             ["tests/test_plans.py", "-k", "onednn"]),
     mutation("corrupt-cache-raises", "a corrupt kernel cache file raises into the call", [
         (CACHE, "\n_tolerate_unreadable_files()\n",
          "\n")], ["tests/test_reliability.py", "-k", "corrupt_cache"]),

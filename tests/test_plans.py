@@ -441,6 +441,9 @@ ROW_OPS = {
                                                            num_outputs=3, **kw),
     "skip-simplified": lambda X, p, **kw: nk.skip_simplified_layer_normalization(
         X, X[0] * 0.5, p[0], p[1], **kw),
+    "onednn-layer": lambda X, p, **kw: nk.layer_norm(X, *p, **kw),
+    "onednn-layer-nostats": lambda X, p, **kw: nk.layer_norm(X, *p, keep_stats=False, **kw),
+    "onednn-rms": lambda X, p, **kw: nk.rms_norm(X, p[0], **kw),
 }
 ROW_TWINS = {
     "layer": lambda X, p, **kw: reference.layer_normalization(X, *p, **kw),
@@ -452,6 +455,10 @@ ROW_TWINS = {
                                                                   num_outputs=3, **kw),
     "skip-simplified": lambda X, p, **kw: reference.skip_simplified_layer_normalization(
         X, X[0] * 0.5, p[0], p[1], **kw),
+    "onednn-layer": lambda X, p, **kw: reference.layer_norm(X, *p, **kw),
+    "onednn-layer-nostats": lambda X, p, **kw: reference.layer_norm(X, *p, keep_stats=False,
+                                                                   **kw),
+    "onednn-rms": lambda X, p, **kw: reference.rms_norm(X, p[0], **kw),
 }
 
 
@@ -520,3 +527,23 @@ def test_row_plans_key_on_strides_and_dtype(rng):
     assert got.dtype == np.float64
     with pytest.raises(ValueError, match="axis"):
         nk.layer_normalization(X, s, b, axis=2)
+
+
+def test_onednn_row_plans_key_on_every_attribute(rng):
+    """A plan of oneDNN LayerNorm/RMSNorm serves only calls with its attributes: the
+    statistics outputs (keep_stats), epsilon and the normalized axes."""
+    X = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    g, b = rng.uniform(0.5, 2, 8).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    with_stats = nk.layer_norm(X, g, b)
+    assert plans.stored_keys()
+    assert isinstance(with_stats, tuple) and len(with_stats) == 3
+    only_y = nk.layer_norm(X, g, b, keep_stats=False)
+    assert isinstance(only_y, np.ndarray)
+    assert_identical(only_y, with_stats[0])
+    other_eps = nk.layer_norm(X, g, b, epsilon=0.5)
+    assert not np.array_equal(other_eps[0], with_stats[0])
+    plans.clear()
+    nk.rms_norm(X, g)
+    assert not np.array_equal(nk.rms_norm(X, g, epsilon=0.5), nk.rms_norm(X, g))
+    with pytest.raises(ValueError, match="gamma"):
+        nk.rms_norm(X.reshape(4, 48), g, begin_norm_axis=0)

@@ -20,7 +20,7 @@ also float16).
 
 import numpy as np
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
 
 LAYER_NORM = "LayerNorm"
@@ -76,13 +76,49 @@ def _src(label, src, begin_norm_axis, epsilon):
     return X, a, eps
 
 
+def _key(label, engine, attributes, src, params, out):
+    """A plan key (see ops/plans.py) of the given arrays, or None when they are not
+    arrays."""
+    try:
+        return (label, engine, *attributes, *map(type, attributes), type(src), src.shape,
+                src.strides, src.dtype,
+                *((None,) if p is None else (type(p), p.shape, p.strides, p.dtype)
+                  for p in params), plans.out_key(out, src))
+    except AttributeError:
+        return None
+
+
+def _planned(key, src, scale, B, out):
+    try:
+        plan = plans.get(key)
+    except TypeError:  # an unhashable attribute
+        return None
+    return None if plan is None else plan(src, scale, B, out)
+
+
+def _add_plan(key, given, checked, engine, epsilon, centered, X, a, out, finish):
+    """A plan for the next call with this key: only with every parameter given (the
+    plan's kernel call takes them as columns)."""
+    if (key is not None and epsilon and all(g is not None for g in given)
+            and plans.plain(given, checked)):
+        plans.add(key, rows.plan(engine, epsilon, centered, X, a, checked[1:], out, finish))
+
+
 def layer_norm(src, gamma=None, beta=None, *, begin_norm_axis=-1, epsilon=1e-5,
                keep_stats=True, use_affine=True, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.layer_norm`."""
     label = LAYER_NORM
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        key = _key(label, engine, (begin_norm_axis, epsilon, keep_stats, use_affine), src,
+                   (gamma, beta), out)
+        result = None if key is None else _planned(key, src, gamma, beta, out)
+        if result is not None:
+            return result
     X, a, eps = _src(label, src, begin_norm_axis, epsilon)
     keep = check_bool(label, "keep_stats", keep_stats)
     params = affine_params(label, X, use_affine, gamma, beta)
+    checked = (X, *params.values())
     span = X.shape[a:]
     K = rows.rows_shape(X.shape, a)[1]
     for name, p in params.items():
@@ -94,22 +130,42 @@ def layer_norm(src, gamma=None, beta=None, *, begin_norm_axis=-1, epsilon=1e-5,
         rows.check_out(label, out, X, params)
     stats = params["gamma"].dtype if params else FLOAT32
     scale = params.get("gamma", np.ones(1, FLOAT32))
+    finish = _stats_outputs(keep, stats, X.shape[:a])
     Y, mean, var = rows.normalize(X, a, scale, params.get("beta"), eps, True, engine, path,
                                   out)
+    _add_plan(key, (src, gamma, beta), checked, engine, eps, True, X, a, out, finish)
+    return finish(Y, mean, var)
+
+
+def _stats_outputs(keep, stats, shape):
+    """``finish(Y, mean, var)``: Y, or with ``keep`` also the statistics in ``stats``."""
     if not keep:
-        return Y
-    shape = X.shape[:a]
-    return Y, mean.astype(stats).reshape(shape), var.astype(stats).reshape(shape)
+        return lambda Y, mean, var: Y
+    return lambda Y, mean, var: (Y, mean.astype(stats).reshape(shape),
+                                 var.astype(stats).reshape(shape))
 
 
 def rms_norm(src, gamma=None, *, begin_norm_axis=-1, epsilon=1e-5, out=None, engine,
              path=None):
     """Spec layer of :func:`normkernels.rms_norm`."""
     label = RMS_NORM
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        key = _key(label, engine, (begin_norm_axis, epsilon), src, (gamma,), out)
+        Y = None if key is None else _planned(key, src, gamma, None, out)
+        if Y is not None:
+            return Y
     X, a, eps = _src(label, src, begin_norm_axis, epsilon)
     params = _params(label, X, {"gamma": gamma})
     scale = params.get("gamma", np.ones(1, FLOAT32))
     rows.check_broadcast(label, "gamma", scale, X.shape)
     if out is not None:
         rows.check_out(label, out, X, params)
-    return rows.normalize(X, a, scale, None, eps, False, engine, path, out)[0]
+    Y = rows.normalize(X, a, scale, None, eps, False, engine, path, out)[0]
+    _add_plan(key, (src, gamma), (X, *params.values()), engine, eps, False, X, a, out,
+              _first)
+    return Y
+
+
+def _first(Y, mean, var):
+    return Y
