@@ -212,7 +212,7 @@ class NumbaEngine(Engine):
         # "none" is an empty array of its own: a slice of X would be read-only when X is,
         # and the kernel (typed for writing into sums) would not compile
         none = _nothing(xs.dtype)
-        if skip is None:  # None: the kernels compile without the skip code
+        if skip is None:  # the serial kernels take None (they compile without skip code)
             skip_s, bias_t = None, s[:0]
         else:
             skip_s = storage_view(skip).ravel()
@@ -222,11 +222,11 @@ class NumbaEngine(Engine):
         if path == "serial":
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
             kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t, sums_s)
-        else:
+        else:  # the parallel ones an empty array: one compile for both
             kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
             with launch_guard(path):
                 kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
-                       mean, var, skip_s, bias_t, sums_s)
+                       mean, var, none if skip_s is None else skip_s, bias_t, sums_s)
         return mean, var
 
     def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None):

@@ -242,10 +242,12 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
           bias, sums, vector):
     """Rows ``first..last-1``, fused, in blocks of about ``BLOCK_ELEMENTS``. With skip,
     each block's sums are written first (to ``sums``, or to scratch rows) and the
-    block is normalized from them. ``skip`` None (a type of its own, so the skip code
-    is not compiled for calls without it) means no skip."""
+    block is normalized from them. ``skip`` None or empty means no skip: the serial
+    kernels take None (a type of its own: the skip code is then not compiled, and a
+    first call compiles less), the parallel ones an empty array (one compile serves
+    both)."""
     per_block = max(1, BLOCK_ELEMENTS // K)
-    if skip is None:
+    if skip is None or skip.size == 0:
         for lo in range(first, last, per_block):
             _block(x, 0, xr, y, yr, K, lo, min(last, lo + per_block), s, b, epsilon, centered,
                    mean, var, m, a, c, vector)
@@ -279,7 +281,7 @@ def _tables(x, K, scale, B, bias, M, skip):
     """The column tables (the bias table only with ``skip``) and room for the row
     scalars."""
     return (column_table(x, scale, K), column_table(x, B, K),
-            column_table(x, bias, 0 if skip is None else K),
+            column_table(x, bias, 0 if skip is None or skip.size == 0 else K),
             row_compute_empty(x, M), row_compute_empty(x, M), row_compute_empty(x, M))
 
 
