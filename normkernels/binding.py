@@ -20,7 +20,6 @@ import numpy as np
 import normkernels.api as api
 from normkernels.engine import Engine
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.operators import OPERATORS
 
 
 class _NotBindable(Exception):
@@ -59,7 +58,10 @@ class _Recorder(Engine):
 
 
 def _spec(function):
-    """The spec-layer function of a public operator, from the operator table."""
+    """The spec-layer function of a public operator, from the operator table (imported
+    here: ``normkernels`` loads this module with its first operator)."""
+    from normkernels.operators import OPERATORS
+
     for op in OPERATORS.values():
         for mode in op.modes:
             name, module = op.target(mode)
