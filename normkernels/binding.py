@@ -99,13 +99,12 @@ def _bound_kernel(function, args, kwargs):
         return None
     if recorder.call is None or not isinstance(result, np.ndarray):
         return None
-    out = arguments.arguments.get("out")
     inputs = [a for name, a in arguments.arguments.items()
               if isinstance(a, np.ndarray) and name != "out"]
     kind, recorded = recorder.call
     if kind == "inference":
-        return _fast(recorded, inputs, out, result)
-    return _fast_rows(recorded, inputs, out, result)
+        return _fast(recorded, inputs, result)
+    return _fast_rows(recorded, inputs, result)
 
 
 def _public(function):
@@ -122,7 +121,7 @@ def _reads(views, inputs):
     return all(v is None or any(_same_memory(v, a) for a in inputs) for v in views)
 
 
-def _fast(recorded, inputs, out, result):
+def _fast(recorded, inputs, result):
     """The compiled bound inference call, or None when the spec layer converted or
     copied an array or Y is copied into ``out``."""
     x, y, C, S, scale, B, mean, var, epsilon = recorded
@@ -131,7 +130,7 @@ def _fast(recorded, inputs, out, result):
     return _checked(ENGINE.bind_inference(x, y, C, S, scale, B, mean, var, epsilon), result)
 
 
-def _fast_rows(recorded, inputs, out, result):
+def _fast_rows(recorded, inputs, result):
     """The bound row normalization: one compiled call on the serial path."""
     x, y, scale, B, epsilon, centered, skip, bias = recorded
     if not _reads((x, scale, B, skip, bias), inputs) or not _same_memory(y, result):
