@@ -24,24 +24,9 @@ ROW_FAMILIES = ("layer", "rms")
 def ort_io_binding(workload, X, params):
     """onnxruntime with inputs and outputs bound once; None when unavailable."""
     try:
-        import onnxruntime as ort
-        model, inputs = peers.onnx_model(workload, X, params)
-    except Exception:  # no onnx/onnxruntime, or no ONNX operator
+        return peers.onnxruntime_bound_peer(workload, X, params, 2)
+    except peers.Unavailable:
         return None
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    binding = session.io_binding()
-    for name, arr in inputs.items():
-        binding.bind_cpu_input(name, arr)
-    for info in session.get_outputs():
-        like = next(iter(inputs.values())) if info.name == "Y" else params[2]
-        buf = np.empty(like.shape, like.dtype)
-        binding.bind_output(info.name, "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
-        binding._keep = [*getattr(binding, "_keep", []), buf]
-    return lambda: session.run_with_iobinding(binding)
 
 
 def per_call_us(calls, rounds, number):

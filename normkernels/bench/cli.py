@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from normkernels.bench import sweep, workloads
+from normkernels.bench import networks, sweep, workloads
 from normkernels.bench.report import agrees, format_table, markdown_table, progress
 from normkernels.operators import OPERATORS, YARDSTICK
 
@@ -106,7 +106,7 @@ def cmd_bench(args):
     if args.threads:
         numba.set_num_threads(args.threads)
     try:
-        chosen = [] if args.sweep else _workloads(args)
+        chosen = [] if args.sweep or args.suite == "networks" else _workloads(args)
     except ValueError as exc:
         print(f"normkernels bench: {exc}", file=sys.stderr)
         return 2
@@ -119,6 +119,8 @@ def cmd_bench(args):
     threads = numba.get_num_threads()
     if args.sweep:
         return sweep.command(args, peers, threads)
+    if args.suite == "networks":
+        return networks.command(args, peers, threads)
     repeat = args.repeat or (3 if args.quick else 10)
     caches = (f"{args.cache} caches" if args.cache else
               "warm caches below 1 MB of X, cold (flushed before each timed call) above")
@@ -331,8 +333,11 @@ def main(argv=None):
     bench = sub.add_parser("bench", help="time the operators against the machine's "
                            "bandwidth and the peers installed (default: the default suite)")
     bench.add_argument("--workload", action="append", help="a workload name (repeatable)")
-    bench.add_argument("--suite", choices=list(workloads.SUITES),
-                       help="a set of workloads (default: default)")
+    bench.add_argument("--suite", choices=[*workloads.SUITES, "networks"],
+                       help="a set of workloads (default: default); networks: the "
+                            "normalization layers of whole networks, back to back")
+    bench.add_argument("--network", action="append", choices=list(networks.NETWORKS),
+                       help="with --suite networks: one network (repeatable; default all)")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")
     bench.add_argument("--op", choices=list(OPERATORS),

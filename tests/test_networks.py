@@ -1,0 +1,89 @@
+"""``normkernels bench --suite networks``: the layer lists, the agreement check and the
+command (timings are not asserted: machines here are shared)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from normkernels.bench import cli, networks, peers
+
+
+def test_resnet50_has_the_53_batchnorms_of_torchvision():
+    shapes = networks.resnet50(2)
+    assert len(shapes) == 53
+    assert shapes[0] == (2, 64, 112, 112)
+    # the first block of stage 2: conv1 before the stride, conv2/conv3/downsample after
+    assert shapes[11:15] == ((2, 128, 56, 56), (2, 128, 28, 28), (2, 512, 28, 28),
+                             (2, 512, 28, 28))
+    assert shapes[-1] == (2, 2048, 7, 7)
+    assert sum(s[1] == 2048 for s in shapes) == 4  # three blocks' conv3 and the downsample
+
+
+def test_sd15_unet_groupnorms_follow_the_channels_and_skips():
+    shapes = networks.sd15_unet(64)
+    assert len(shapes) == 61
+    assert shapes[0] == shapes[-1] == (1, 320, 64, 64)
+    channels = [s[1] for s in shapes]
+    assert 2560 in channels and 1920 in channels and 960 in channels  # concatenated skips
+    assert {s[2] for s in shapes} == {8, 16, 32, 64}
+    assert all(c % 32 == 0 for c in channels)  # 32 groups divide every layer
+
+
+@pytest.mark.parametrize("name", list(networks.NETWORKS))
+def test_every_network_builds_its_workloads(name):
+    net = networks.NETWORKS[name]
+    built = net.workloads()
+    assert len(built) == len(net.shapes) > 0
+    assert all(w.op == net.op and w.data_format == net.layout for w in built)
+
+
+def test_a_pass_times_every_candidate_and_checks_them():
+    result = networks.time_network(networks.NETWORKS["llama-decode"], peers=("numpy",),
+                                   threads=2, repeat=3, warmup=1)
+    assert set(result["ms"]) == {"normkernels", "bind", "numpy"}
+    assert all(v > 0 for v in result["ms"].values())
+    assert result["rounds"] == 3 and result["layers"] == 65
+    assert result["max_relative_difference"]["bind"] == 0.0
+    assert result["max_relative_difference"]["numpy"] < 1e-5
+    peer, plain, bound = networks.ratios(result)
+    assert peer == "numpy" and plain > 0 and bound > 0
+
+
+def test_the_check_catches_a_peer_that_computes_something_else(monkeypatch):
+    def wrong(workload, X, params, threads):
+        return lambda: np.zeros_like(X)
+
+    monkeypatch.setitem(peers.PEERS, "numpy", wrong)
+    small = networks.Network("t", "t", "layernorm", "NCX", ((4, 64),) * 2)
+    _, _, checked = networks.layer_calls(small, ("numpy",), 2)
+    assert checked["numpy"] > 0.5
+
+
+def test_bind_writes_its_own_result_not_the_plain_calls(monkeypatch):
+    """bind and the plain call share ``out``: the check compares bind's Y with a copy
+    of the plain call's, so a bind that wrote nothing would be caught."""
+    small = networks.Network("t", "t", "rmsnorm", "NCX", ((4, 64),))
+    calls, _, _ = networks.layer_calls(small, (), 2)
+    expected = calls["normkernels"][0]().copy()
+    out = calls["bind"][0]()
+    out[...] = 0
+    assert np.array_equal(calls["bind"][0](), expected)
+
+
+def test_networks_command(tmp_path, capsys):
+    path = tmp_path / "n.json"
+    argv = ["bench", "--suite", "networks", "--network", "llama-decode", "--repeat", "2",
+            "--peers", "numpy", "--json", str(path), "--markdown", str(tmp_path / "n.md")]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "Llama-7B decode step" in text and "fastest peer / bind" in text
+    data = json.loads(path.read_text())
+    assert data["results"][0]["network"] == "llama-decode"
+    assert "| Llama-7B decode" in (tmp_path / "n.md").read_text()
+
+
+def test_networks_command_rejects_an_unknown_network(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--suite", "networks", "--network", "nope"])
+    assert "invalid choice" in capsys.readouterr().err
