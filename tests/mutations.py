@@ -202,6 +202,17 @@ MUTATIONS = [
                  (PLANS, "if out is not None and (not out.flags.writeable or _shares(out, X, "
                   "params)):", "if out is not None and not out.flags.writeable:")],
              ["tests/test_plans.py"]),
+    mutation("plan-layernorm-strides", "a LayerNormalization plan serves a strided X of "
+             "the same shape as contiguous", [
+                 ("normkernels/ops/layer_normalization.py",
+                  "type(X), X.shape, X.strides, X.dtype,", "type(X), X.shape, X.dtype,")],
+             ["tests/test_plan_safety.py"]),
+    mutation("plan-instance-dtype", "an InstanceNormalization plan serves X of another "
+             "dtype", [
+                 ("normkernels/ops/instance_normalization.py",
+                  "type(input), input.shape, input.strides, input.dtype,",
+                  "type(input), input.shape, input.strides,")],
+             ["tests/test_plan_safety.py"]),
     mutation("plan-moments-layout", "a moments plan reads the channels of NXC memory as "
              "NCX", [
                  (MOMENTS_SPEC, "functools.partial(_planned, data_format=data_format,",
@@ -330,8 +341,10 @@ MUTATIONS = [
              ["tests/test_rows.py"]),
     mutation("one-pass-variance/rows", "row variance as E[x^2] - E[x]^2 (the function "
              "body's formula)", [
-                 (ROWS_K, "    return mean, shifted_sums(xs, mean)[1]\n",
-                  "    return mean, shifted_sums(xs, 0.0)[1] - xs.size * mean * mean\n")],
+                 (ROWS_K, "        mean_b, m2_b = wide_span(xs[lo:hi])\n",
+                  "        mean_b = shifted_sums(xs[lo:hi], 0.0)[0] / (hi - lo)\n"
+                  "        m2_b = shifted_sums(xs[lo:hi], 0.0)[1]"
+                  " - (hi - lo) * mean_b * mean_b\n")],
              ["tests/test_rows.py"]),
     mutation("columns-at-row-offset/rows", "the row vector reads the column tables at the "
              "element's offset in X instead of its column", [

@@ -15,8 +15,8 @@ with column tables ``s`` (scale) and ``b`` (bias) in the compute dtype. Centred
 output). Uncentred (RMS): ``m = 0``, ``c = -0.0`` (exact identities: the result is
 ``x * a * s + b``). The rule is :func:`normkernels.reference.fold_rows`.
 
-Statistics of a row: chunks of ``PLANE_CHUNK`` elements, each by two float64 passes
-over the chunk in cache (the mean, then the squared deviations; or the sum of
+Statistics of a row: chunks of ``PLANE_CHUNK`` elements (float64 sub-blocks of one
+pass over deviations from a shift, as the per-channel statistics; or the sum of
 squares), merged in order with Chan's formula.
 
 Two shapes of work:
@@ -51,7 +51,14 @@ from normkernels.kernels.options import (
     VECTOR_BYTES,
 )
 from normkernels.kernels.scale_shift import store_fence
-from normkernels.kernels.statistics import NARROW_RUN, PLANE_CHUNK, chan_merge, narrow_span
+from normkernels.kernels.statistics import (
+    NARROW_RUN,
+    PLANE_CHUNK,
+    SUB_BLOCK,
+    chan_merge,
+    narrow_span,
+    wide_span,
+)
 from normkernels.kernels.vectors import stream_normalize_row, vector_normalize_row
 
 _INLINE = INLINE_OPTIONS
@@ -60,9 +67,17 @@ BLOCK_ELEMENTS = 1 << 15  # rows reduced, folded and normalized together (in L2)
 
 @njit(**KERNEL_OPTIONS)
 def _wide_moments(xs):
-    """(mean, M2) by two float64 passes."""
-    mean = shifted_sums(xs, 0.0)[0] / xs.size
-    return mean, shifted_sums(xs, mean)[1]
+    """(mean, M2) in float64, by the per-channel statistics' rule: sub-blocks of
+    ``SUB_BLOCK`` in one pass over deviations from their first element (two passes
+    where that cancels), merged in order. One read of the row: the two-pass form
+    (the mean, then the squared deviations) made the statistics of a row of 768 twice
+    as long."""
+    n, mean, m2 = 0, 0.0, 0.0
+    for lo in range(0, xs.size, SUB_BLOCK):
+        hi = min(xs.size, lo + SUB_BLOCK)
+        mean_b, m2_b = wide_span(xs[lo:hi])
+        n, mean, m2 = chan_merge(n, mean, m2, hi - lo, mean_b, m2_b)
+    return mean, m2
 
 
 @njit(**KERNEL_OPTIONS)
@@ -320,6 +335,28 @@ def rms_rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, s
     _serial(x, xr, y, yr, K, scale, B, epsilon, False, mean, var, skip, bias, sums)
 
 
+# The parallel kernels call the work of an item as a compiled function: inlined into
+# the prange body, the same loops ran 1.5x slower (a block of 64 rows of 768 on one
+# thread: 36 us against 24; docs/design.md).
+
+
+@njit(**KERNEL_OPTIONS)
+def rows_item(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
+              bias, sums):
+    """Rows ``first..last-1`` of :func:`rows_parallel` (tables made by the caller)."""
+    _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
+          bias, sums, vector_row)
+
+
+@njit(**KERNEL_OPTIONS)
+def rows_item_streaming(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m,
+                        a, c, skip, bias, sums):
+    """:func:`rows_item` with streaming stores (fenced)."""
+    _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
+          bias, sums, stream_row)
+    store_fence()
+
+
 @njit(parallel=True, **KERNEL_OPTIONS)
 def rows_parallel(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, mean, var, skip,
                   bias, sums):
@@ -328,8 +365,8 @@ def rows_parallel(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, m
     s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
-        _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
-              mean, var, m, a, c, skip, bias_t, sums, vector_row)
+        rows_item(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon,
+                  centered, mean, var, m, a, c, skip, bias_t, sums)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -340,9 +377,8 @@ def rows_streaming(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, 
     s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
-        _rows(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon, centered,
-              mean, var, m, a, c, skip, bias_t, sums, stream_row)
-        store_fence()
+        rows_item_streaming(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b,
+                            epsilon, centered, mean, var, m, a, c, skip, bias_t, sums)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)

@@ -143,6 +143,12 @@ def _span(x):
     ok, mean, m2 = narrow_span(x)
     if ok:
         return mean, m2
+    return wide_span(x)
+
+
+@njit(**_INLINE)
+def wide_span(x):
+    """(mean, M2) of a short slice in float64: :func:`_span` without the 16-bit path."""
     shift = np.float64(load(x, 0))
     s1, s2 = shifted_sums(x, shift)
     correction = s1 * s1 / x.size
