@@ -248,7 +248,7 @@ MUTATIONS = [
     mutation("merge-order-by-threads", "row blocks sized by the thread count, so the "
              "statistics' merge order depends on it", [
                  (POLICY, "ROW_BLOCK_ELEMENTS // min(width, column_tile))",
-                  "ROW_BLOCK_ELEMENTS // min(width, column_tile) // numba.get_num_threads())")],
+                  "ROW_BLOCK_ELEMENTS // min(width, column_tile) // threads.count())")],
              ["tests/test_training.py", "-k", "thread_count"]),
     mutation("merge-planes-reversed", "plane chunks merged last to first on the split "
              "path (the fused path merges them in order)", [

@@ -99,6 +99,34 @@ def test_large_tensor_decides_its_path_per_call(rng, monkeypatch):
     assert "scale_shift/planes/serial" in taken
 
 
+@pytest.mark.parametrize("fn", [nk.layer_normalization, nk.rms_normalization,
+                                nk.skip_layer_normalization])
+def test_large_rows_decide_their_path_per_call(rng, monkeypatch, fn):
+    """Rows above the serial size: the bound call launches the fused parallel kernel
+    with the arguments resolved at binding, and still decides the path per call."""
+    taken = []
+    monkeypatch.setattr(policy, "_trace", taken.append)
+    X = rng.normal(size=(2, 96, 768)).astype(np.float32)
+    params = [rng.uniform(0.5, 2.0, 768).astype(np.float32) for _ in range(2)]
+    if fn is nk.skip_layer_normalization:
+        params = [rng.normal(size=(96, 768)).astype(np.float32), *params]
+    elif fn is nk.rms_normalization:
+        params = params[:1]
+    out = np.empty_like(X)
+    call = nk.bind(fn, X, *params, out=out)
+    for serial_max in (policy.SERIAL_MAX_ELEMENTS, X.size):
+        monkeypatch.setattr(policy, "SERIAL_MAX_ELEMENTS", serial_max)
+        for _ in range(2):
+            X[...] = rng.normal(3, 2, X.shape)
+            params[0][...] = rng.normal(size=params[0].shape)
+            taken.clear()
+            got = call()
+            got = got[0] if isinstance(got, tuple) else got
+            want = fn(X.copy(), *[p.copy() for p in params])
+            assert_identical(got, want[0] if isinstance(want, tuple) else want)
+            assert ("rows/fused/serial" in taken) == (serial_max == X.size), taken
+
+
 def test_errors_at_binding_and_at_the_call(rng):
     params = _params(rng, 5)
     X = rng.normal(size=SHAPE).astype(np.float32)

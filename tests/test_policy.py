@@ -80,7 +80,7 @@ def test_public_call_follows_the_policy(rng, monkeypatch, mode, route):
 
 
 def test_serial_further_while_workers_sleep(monkeypatch):
-    monkeypatch.setattr(policy.numba, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(policy.threads, "count", lambda: 2)
     limit = policy.SERIAL_MAX_ELEMENTS
     asleep = policy.asleep_serial_max(limit)
     assert asleep == limit * policy.ASLEEP_SERIAL_FACTOR // 2 > limit
@@ -110,7 +110,7 @@ def test_only_inference_asks_for_the_sleeping_rule(rng, monkeypatch):
 
 @pytest.mark.parametrize("n_threads,factor", [(1, 1), (2, 8), (3, 4), (9, 1), (64, 1)])
 def test_sleeping_limit_shrinks_with_threads(monkeypatch, n_threads, factor):
-    monkeypatch.setattr(policy.numba, "get_num_threads", lambda: n_threads)
+    monkeypatch.setattr(policy.threads, "count", lambda: n_threads)
     assert policy.asleep_serial_max(1000) == 1000 * factor
 
 

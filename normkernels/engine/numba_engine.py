@@ -231,12 +231,16 @@ class NumbaEngine(Engine):
 
     def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None):
         """:meth:`normalize_rows` for fixed arrays, as a zero-argument callable (see
-        :func:`normkernels.bind`): on the serial path one compiled call with every
-        argument resolved here, else the engine call (its path decided per call)."""
+        :func:`normkernels.bind`): every argument resolved here; on the serial path one
+        compiled call, else the path decided per call and the fused kernel launched
+        (the engine call where the rows split)."""
         M, K = x.shape
-        if x.size > policy.SERIAL_MAX_ELEMENTS or x.size == 0:
-            return lambda: self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip,
-                                               bias=bias)
+
+        def engine_call():
+            self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip, bias=bias)
+
+        if x.size == 0 or not (scale.flags.c_contiguous and (B is None or B.flags.c_contiguous)):
+            return engine_call
         # aliases, never copies: the call must read the arrays' memory each time
         (xs, xr), (ys, yr) = _flat_rows(x, storage_alias), _flat_rows(y, storage_alias)
         s = storage_alias(scale)
@@ -245,10 +249,24 @@ class NumbaEngine(Engine):
         bias_t = s[:0] if bias is None or skip is None else storage_alias(bias)
         none = _nothing(xs.dtype)
         mean, var = np.empty(M), np.empty(M)
-        kernel = rows.rows_serial if centered else rows.rms_rows_serial
         epsilon = float(epsilon)
-        return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,
-                              none)
+        if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
+            kernel = rows.rows_serial if centered else rows.rms_rows_serial
+            return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,
+                                  none)
+        skip_p = none if skip_s is None else skip_s  # the parallel kernels: empty, not None
+
+        def parallel_call():  # the path decided per call, as normalize_rows decides it
+            path = policy.resolve_path(ys, None)
+            if path == "serial" or policy.split_rows(M, K, path):
+                return engine_call()
+            took("rows", "fused", path)
+            kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
+            with launch_guard(path):
+                kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
+                       mean, var, skip_p, bias_t, none)
+
+        return parallel_call
 
     def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
         K = x.shape[1]

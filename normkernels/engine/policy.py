@@ -10,8 +10,6 @@ import functools
 import glob
 import os
 
-import numba
-
 from normkernels.engine import PATHS, threads
 from normkernels.kernels.options import MAX_LANES, MIN_PLANE, SHORT_ROW, TABLE_PAD
 
@@ -161,7 +159,7 @@ def choose_path(arr, serial_max=None, asleep_rule=False, arrays=2):
 def asleep_serial_max(limit):
     """The serial limit when the workers sleep: waking them costs what one thread
     does on ``ASLEEP_SERIAL_FACTOR`` times ``limit`` elements, spread over the others."""
-    threads_ = numba.get_num_threads()
+    threads_ = threads.count()
     if threads_ < 2:
         return limit
     return max(limit, limit * ASLEEP_SERIAL_FACTOR // (2 * (threads_ - 1)))
@@ -201,7 +199,7 @@ MIN_TABLE_PERIOD = 256
 
 def block_size(n):
     """Elements per parallel work item for ``n`` elements."""
-    per_thread = -(-n // (4 * numba.get_num_threads()))
+    per_thread = -(-n // (4 * threads.count()))
     block = -(-per_thread // 64) * 64
     return min(BLOCK_ELEMENTS, max(MIN_BLOCK_ELEMENTS, block))
 
@@ -278,7 +276,7 @@ def split_instance_planes(n_planes, S, itemsize, path):
     """Split statistics and normalize (else fused per plane) for NCX instance norm."""
     return S >= MIN_PLANE and path != "serial" and (
         S < FUSED_MIN_PLANE or S * itemsize > FUSED_MAX_PLANE_BYTES
-        or n_planes < 2 * numba.get_num_threads())
+        or n_planes < 2 * threads.count())
 
 
 # --- row normalizations ---
@@ -292,7 +290,7 @@ SPLIT_RUN = 1 << 14  # columns per normalize work item of the split path
 
 
 def rows_per_item(M, K):
-    threads_ = numba.get_num_threads()
+    threads_ = threads.count()
     return max(1, min(ROWS_ITEM_ELEMENTS // max(K, 1), M // (4 * threads_)))
 
 
@@ -301,7 +299,7 @@ def split_rows(M, K, path):
     for rows shorter than ``SHORT_ROW``, whose statistics only the fused kernel
     computes (no work worth splitting)."""
     return (path != "serial" and K >= SHORT_ROW
-            and M < SPLIT_ROWS_PER_THREAD * numba.get_num_threads())
+            and M < SPLIT_ROWS_PER_THREAD * threads.count())
 
 
 # --- LpNormalization and LRN ---
@@ -319,6 +317,6 @@ def lrn_chunk(N, C, S):
     """Spatial positions per LRN work item: the scratch bound, split further so that
     there are about four items per thread, never below ``LRN_MIN_CHUNK``."""
     chunk = max(LRN_MIN_CHUNK, LRN_SCRATCH_ELEMENTS // max(C, 1))
-    per_sample = -(-4 * numba.get_num_threads() // max(N, 1))
+    per_sample = -(-4 * threads.count() // max(N, 1))
     chunk = min(chunk, max(LRN_MIN_CHUNK, -(-S // per_sample)))
     return min(S, -(-chunk // 64) * 64)
