@@ -125,3 +125,28 @@ def test_workers_awake_right_after_a_parallel_launch(monkeypatch):
     with threads.launch_guard("serial"):  # serial launches do not wake anything
         monkeypatch.setattr(threads, "_last_parallel_end", -1.0)
     assert not threads.workers_awake()
+
+
+def test_thread_count_follows_numba_in_every_thread():
+    """threads.count() reads Numba's C getter: the calling thread's setting, before and
+    after set_num_threads, and in another thread."""
+    import threading
+
+    import numba
+
+    from normkernels.engine import threads
+
+    before = numba.get_num_threads()
+    seen = {}
+    try:
+        assert threads.count() == before
+        numba.set_num_threads(1)
+        assert threads.count() == 1
+        worker = threading.Thread(target=lambda: seen.update(
+            count=threads.count(), numba=numba.get_num_threads()))
+        worker.start()
+        worker.join()
+        assert seen["count"] == seen["numba"]
+    finally:
+        numba.set_num_threads(before)
+    assert threads.count() == before
