@@ -250,6 +250,11 @@ MUTATIONS = [
                  (POLICY, "ROW_BLOCK_ELEMENTS // min(width, column_tile))",
                   "ROW_BLOCK_ELEMENTS // min(width, column_tile) // threads.count())")],
              ["tests/test_training.py", "-k", "thread_count"]),
+    mutation("sample-blocks-by-threads", "the NXC per-sample statistics' row blocks "
+             "depend on the thread count, so their merge order does", [
+                 (POLICY, "    per_sample = -(-MIN_SAMPLE_BLOCKS // max(N, 1))",
+                  "    per_sample = -(-MIN_SAMPLE_BLOCKS * threads.count() // max(N, 1))")],
+             ["tests/test_instance_normalization.py", "-k", "thread_count"]),
     mutation("merge-planes-reversed", "plane chunks merged last to first on the split "
              "path (the fused path merges them in order)", [
                  (MOMENTS_K, "            for k in range(chunks):\n",

@@ -605,7 +605,8 @@ def test_paths_are_bitwise_identical(rng, monkeypatch, dtype, ncx_shape, G, fmt)
 
 
 @pytest.mark.parametrize("ncx_shape,G,fmt", [
-    ((2, 16, 100, 100), 4, "NCX"), ((1, 4, 300000), 2, "NCX"), ((2, 16, 100, 100), 8, "NXC")])
+    ((2, 16, 100, 100), 4, "NCX"), ((1, 4, 300000), 2, "NCX"), ((2, 16, 100, 100), 8, "NXC"),
+    ((1, 640, 32, 32), 32, "NXC")])
 def test_thread_count_independence(rng, ncx_shape, G, fmt):
     X = group_data(rng, ncx_shape, F32, fmt)
     scale, B = affine(rng, ncx_shape[1], F32)

@@ -209,6 +209,29 @@ def test_thread_count_independence(rng, shape, data_format):
     assert_identical(one, many)
 
 
+@pytest.mark.parametrize("groups", [None, 32])
+def test_thread_count_independence_of_wide_samples(rng, groups):
+    """One sample of few wide rows (NXC): its statistics are cut into row blocks by the
+    shape alone; float64, whose Y shows any change of the statistics' merge order."""
+    X = random_tensor(rng, (1, 32, 32, 640), np.float64, mean=5.0)
+    scale, B = params(rng, 640, np.float64)
+
+    def run():
+        if groups is None:
+            return nk.instance_normalization(X, scale, B, data_format="NXC")
+        return nk.group_normalization(X, scale, B, num_groups=groups, data_format="NXC")
+
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = run()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        many = run()
+    finally:
+        numba.set_num_threads(before)
+    assert_identical(one, many)
+
+
 def test_opset_1_ignores_consumed_inputs(rng):
     X = random_tensor(rng, (2, 3, 4, 5), F32)
     scale, B = params(rng, 3, F32)

@@ -24,7 +24,6 @@ from normkernels.engine.numba_launch import (
     kernel_for,
     plane_moments,
     row_moments,
-    sample_block_rows,
     sample_moments,
     scale_shift_loops,
 )
@@ -168,7 +167,8 @@ class NumbaEngine(Engine):
             x2, y2 = x.reshape(N, R * C), y.reshape(N, R * C)
             for n in range(N):
                 cs, gs = slice(n * C, (n + 1) * C), slice(n * G, (n + 1) * G)
-                sample_moments(storage_view(x2[n]), 1, C, R, group, mean[gs], m2[gs], one)
+                sample_moments(storage_view(x2[n]), 1, C, R, group, mean[gs], m2[gs], one,
+                               batch=N)
                 instance.fold_planes(C, group, R * group, *params, mean[gs], m2[gs], m[cs],
                                      a[cs], b[cs])
                 self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
@@ -176,7 +176,7 @@ class NumbaEngine(Engine):
         sample_moments(xs, N, C, R, group, mean, m2, one)
         instance.fold_planes(C, group, R * group, *params, mean, m2, m, a, b)
         took("instance_rows", "one-launch", one)
-        rows = sample_block_rows(C, R)
+        rows = policy.sample_normalize_rows(N, C, R)
         with launch_guard(one):
             kernel_for(instance.normalize_rows, instance.normalize_rows_serial, one)(
                 xs, ys, C, R, rows, m, a, b)

@@ -75,15 +75,17 @@ def plane_moments(xs, C, S, count, mean, m2, path):
     reductions.merge_planes(part_mean, part_m2, C, S, count, mean, m2)
 
 
-def sample_block_rows(C, R):
+def sample_block_rows(N, C, R):
     """Rows per block of the per-sample statistics (and of the one-launch normalize)."""
-    return policy.rows_per_block(C, reductions.COLUMN_TILE, most=min(R, policy.MAX_ROWS_PER_BLOCK))
+    return policy.sample_block_rows(N, C, R, reductions.COLUMN_TILE)
 
 
-def sample_moments(xs, N, C, R, group, mean, m2, path):
+def sample_moments(xs, N, C, R, group, mean, m2, path, batch=None):
     """Per-(n, group) (mean, M2) of NXC memory (``N`` samples of ``R`` rows of ``C``):
-    column partials per block of rows, merged per group in order."""
-    rows = sample_block_rows(C, R)
+    column partials per block of rows, merged per group in order. The blocks are those
+    of a batch of ``batch`` samples (default ``N``): one sample of a batch, run alone,
+    gets the partials, so the bits, of the whole batch's call."""
+    rows = sample_block_rows(batch or N, C, R)
     part_mean = np.empty((N * -(-R // rows), C))
     part_m2 = np.empty_like(part_mean)
     with launch_guard(path):

@@ -260,6 +260,30 @@ def rows_per_block(width, column_tile, most=None):
     return rows if most is None else min(most, rows)
 
 
+# Instance and group statistics of NXC samples: about MIN_SAMPLE_BLOCKS row blocks of
+# a power of two rows over the N samples where MIN_ROWS_PER_BLOCK allows, so a batch
+# of one sample of few wide rows is several work items (GroupNorm of (1, 2560, 8, 8)
+# was one: one thread). A function of the shape only: the blocks are the merge order,
+# so the bits; powers of two keep the means of dyadic data exact (s1 / 22 is not).
+MIN_SAMPLE_BLOCKS = 8
+
+
+def sample_block_rows(N, C, R, column_tile):
+    """Rows per block of the per-sample statistics of ``N`` samples of ``R`` rows of
+    ``C``."""
+    rows = rows_per_block(C, column_tile, most=min(R, MAX_ROWS_PER_BLOCK))
+    per_sample = -(-MIN_SAMPLE_BLOCKS // max(N, 1))
+    split = 1 << (-(-R // per_sample) - 1).bit_length()
+    return max(min(rows, split), min(R, MIN_ROWS_PER_BLOCK))
+
+
+def sample_normalize_rows(N, C, R):
+    """Rows per work item of the one-launch NXC normalize of ``N`` samples of ``R`` rows
+    of ``C`` (no bit depends on it): about BLOCK_ELEMENTS elements, at least four items
+    per thread where there are rows for them."""
+    return max(1, min(R, BLOCK_ELEMENTS // max(C, 1), -(-N * R // (4 * threads.count()))))
+
+
 # --- instance normalization ---
 # NCX: one plane per work item (statistics, then normalize while the plane is in L2)
 # for planes of FUSED_MIN_PLANE elements up to FUSED_MAX_PLANE_BYTES and at least
