@@ -359,7 +359,8 @@ MUTATIONS = [
              ["tests/test_rows.py", "-k", "skip"]),
     mutation("split-merge-reversed/rows", "the split path merges a row's chunks last to "
              "first (the fused path merges them in order)", [
-                 (ROWS_K, "            for k in range(part_m2.shape[1]):\n"
+                 ("normkernels/kernels/rows_split.py",
+                  "            for k in range(part_m2.shape[1]):\n"
                   "                size = min(K - k * PLANE_CHUNK, PLANE_CHUNK)\n",
                   "            for k in range(part_m2.shape[1] - 1, -1, -1):\n"
                   "                size = min(K - k * PLANE_CHUNK, PLANE_CHUNK)\n")],

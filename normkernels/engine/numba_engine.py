@@ -21,7 +21,10 @@ from normkernels.dtypes import (
 )
 from normkernels.engine import Engine, policy
 from normkernels.engine.numba_launch import (
+    column,
+    flat_rows,
     kernel_for,
+    nothing,
     plane_moments,
     row_moments,
     sample_moments,
@@ -32,6 +35,7 @@ from normkernels.engine.threads import launch_guard
 from normkernels.kernels import backward_dx, backward_sums, inference, instance, rows
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
+from normkernels.kernels import rows_split as split
 from normkernels.kernels import statistics as reductions
 from normkernels.kernels.options import MIN_PLANE, VECTOR_BYTES
 
@@ -185,9 +189,9 @@ class NumbaEngine(Engine):
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
         M, K = x.shape
-        (xs, xr), (ys, yr) = _flat_rows(x), _flat_rows(y)
-        s = _column(scale)
-        b = s[:0] if B is None else _column(B)  # empty: none
+        (xs, xr), (ys, yr) = flat_rows(x), flat_rows(y)
+        s = column(scale)
+        b = s[:0] if B is None else column(B)  # empty: none
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
         path = policy.resolve_path(ys, path)
@@ -196,27 +200,27 @@ class NumbaEngine(Engine):
             if skip is not None:  # few rows: the sums in NumPy, then as without skip
                 target = sums if sums is not None else np.empty(x.shape, x.dtype)
                 _add_skip(x, skip, bias, target)
-                xs, xr = _flat_rows(target)
+                xs, xr = flat_rows(target)
             chunks = -(-K // reductions.PLANE_CHUNK)
             part_mean, part_m2 = np.empty((M, chunks)), np.empty((M, chunks))
             with launch_guard(path):
                 if centered:
-                    rows.moment_partials(xs, xr, K, part_mean, part_m2)
+                    split.moment_partials(xs, xr, K, part_mean, part_m2)
                 else:
-                    rows.square_partials(xs, xr, K, part_m2)
-            rows.merge_partials(part_mean, part_m2, K, centered, mean, var)
-            kernel = rows.normalize_streaming if path == "streaming" else rows.normalize_parallel
+                    split.square_partials(xs, xr, K, part_m2)
+            split.merge_partials(part_mean, part_m2, K, centered, mean, var)
+            kernel = split.normalize_streaming if path == "streaming" else split.normalize_parallel
             with launch_guard(path):
                 kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, epsilon, centered, mean, var)
             return mean, var
         # "none" is an empty array of its own: a slice of X would be read-only when X is,
         # and the kernel (typed for writing into sums) would not compile
-        none = _nothing(xs.dtype)
+        none = nothing(xs.dtype)
         if skip is None:  # the serial kernels take None (they compile without skip code)
             skip_s, bias_t = None, s[:0]
         else:
             skip_s = storage_view(skip).ravel()
-            bias_t = s[:0] if bias is None else _column(bias)
+            bias_t = s[:0] if bias is None else column(bias)
         sums_s = none if sums is None else storage_view(sums).ravel()
         took("rows", "fused", path)
         if path == "serial":
@@ -242,12 +246,12 @@ class NumbaEngine(Engine):
         if x.size == 0 or not (scale.flags.c_contiguous and (B is None or B.flags.c_contiguous)):
             return engine_call
         # aliases, never copies: the call must read the arrays' memory each time
-        (xs, xr), (ys, yr) = _flat_rows(x, storage_alias), _flat_rows(y, storage_alias)
+        (xs, xr), (ys, yr) = flat_rows(x, storage_alias), flat_rows(y, storage_alias)
         s = storage_alias(scale)
         b = s[:0] if B is None else storage_alias(B)
         skip_s = None if skip is None else storage_alias(skip).ravel()
         bias_t = s[:0] if bias is None or skip is None else storage_alias(bias)
-        none = _nothing(xs.dtype)
+        none = nothing(xs.dtype)
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
         if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
@@ -270,17 +274,17 @@ class NumbaEngine(Engine):
 
     def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
         K = x.shape[1]
-        (xs, xr), (ys, yr) = _flat_rows(x), _flat_rows(y)
-        s = _column(scale)
-        b = s[:0] if B is None else _column(B)
+        (xs, xr), (ys, yr) = flat_rows(x), flat_rows(y)
+        s = column(scale)
+        b = s[:0] if B is None else column(B)
         mean = np.ascontiguousarray(mean, dtype=np.float64)
         var = np.ascontiguousarray(var, dtype=np.float64)
         path = policy.resolve_path(ys, path)
         took("rows", "from-statistics", path)
         if path == "serial":
-            kernel = rows.normalize_serial
+            kernel = split.normalize_serial
         else:
-            kernel = rows.normalize_streaming if path == "streaming" else rows.normalize_parallel
+            kernel = split.normalize_streaming if path == "streaming" else split.normalize_parallel
         with launch_guard(path):
             kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, float(epsilon), centered, mean,
                    var)
@@ -419,35 +423,6 @@ class NumbaEngine(Engine):
 
 
 ENGINE = NumbaEngine()
-
-
-_NOTHING = {}
-
-
-def _nothing(dtype):
-    """An empty writeable array of ``dtype`` (one per dtype, shared: it holds nothing)."""
-    empty = _NOTHING.get(dtype)
-    if empty is None:
-        empty = _NOTHING[dtype] = np.empty(0, dtype)
-    return empty
-
-
-def _column(p):
-    """Per-column parameters for the row kernels: C-contiguous, storage dtype (the
-    kernels widen them)."""
-    return storage_view(p if p.flags.c_contiguous else np.ascontiguousarray(p))
-
-
-def _flat_rows(a, view=storage_view):
-    """``(flat, row_stride)``: 2-D ``a`` (rows contiguous) as one flat storage array
-    from its first element to its last (``view`` of it), and the row stride in
-    elements."""
-    if a.flags.c_contiguous:
-        return view(a).ravel(), a.shape[1]
-    stride = a.strides[0] // a.itemsize
-    n = (a.shape[0] - 1) * stride + a.shape[1] if a.size else 0
-    flat = np.lib.stride_tricks.as_strided(a, shape=(n,), strides=(a.itemsize,))
-    return view(flat), stride
 
 
 def _add_skip(x, skip, bias, target):

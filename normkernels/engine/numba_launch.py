@@ -10,6 +10,7 @@ kernels have one-thread twins (same source, same bits) that run on the serial pa
 
 import numpy as np
 
+from normkernels.dtypes import storage_view
 from normkernels.engine import policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
@@ -108,3 +109,32 @@ def row_moments(xs, P, C, S, count, mean, m2, path):
             xs, P, n_rows, rows, part_mean, part_m2)
         kernel_for(reductions.merge_rows, reductions.merge_rows_serial, path)(
             part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)
+
+
+_NOTHING = {}
+
+
+def nothing(dtype):
+    """An empty writeable array of ``dtype`` (one per dtype, shared: it holds nothing)."""
+    empty = _NOTHING.get(dtype)
+    if empty is None:
+        empty = _NOTHING[dtype] = np.empty(0, dtype)
+    return empty
+
+
+def column(p):
+    """Per-column parameters for the row kernels: C-contiguous, storage dtype (the
+    kernels widen them)."""
+    return storage_view(p if p.flags.c_contiguous else np.ascontiguousarray(p))
+
+
+def flat_rows(a, view=storage_view):
+    """``(flat, row_stride)``: 2-D ``a`` (rows contiguous) as one flat storage array
+    from its first element to its last (``view`` of it), and the row stride in
+    elements."""
+    if a.flags.c_contiguous:
+        return view(a).ravel(), a.shape[1]
+    stride = a.strides[0] // a.itemsize
+    n = (a.shape[0] - 1) * stride + a.shape[1] if a.size else 0
+    flat = np.lib.stride_tricks.as_strided(a, shape=(n,), strides=(a.itemsize,))
+    return view(flat), stride
