@@ -4,12 +4,13 @@
 ``bind(function, *args, **kwargs)`` checks the arguments as the call would, then
 returns a zero-argument callable that computes ``function(*args, **kwargs)`` from
 the arrays' *current* contents and returns the result (the same output array each
-time: ``out``, or one allocated at binding). Where the call is per-channel inference
-or a row normalization whose only output is Y, and its arrays need no conversion or
-copy, the callable is one compiled call on the serial path (the kernel and its
-arguments resolved at binding); anything else is bound as the plain call (still
-correct, no faster). The arrays must stay alive and keep their memory, as with
-io-binding; an ``out`` made read-only after binding is an error at the call.
+time: ``out``, or one allocated at binding). Where the call is per-channel inference,
+a row normalization, or instance or group normalization of channels-first memory,
+whose only output is Y, and its arrays need no conversion or copy, the callable is one
+compiled call on the serial path (the kernel and its arguments resolved at binding);
+anything else is bound as the plain call (still correct, no faster). The arrays must
+stay alive and keep their memory, as with io-binding; an ``out`` made read-only after
+binding is an error at the call.
 """
 
 import importlib
@@ -28,8 +29,9 @@ class _NotBindable(Exception):
 
 class _Recorder(Engine):
     """An engine that records the one kernel call a spec function makes (per-channel
-    inference or a row normalization) and computes nothing; any other engine method
-    means the call is not bindable."""
+    inference, a row normalization, or instance or group normalization of
+    channels-first memory) and computes nothing; any other engine method means the
+    call is not bindable."""
 
     name = "recorder"
     call = None
@@ -37,6 +39,11 @@ class _Recorder(Engine):
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
         self._record("inference", (x, y, C, S, scale, B, mean, var, epsilon))
         return True
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+        self._record("planes", (x, y, C, S, scale, B, epsilon, group))
+        n_groups = x.size // S // group
+        return np.zeros(n_groups), np.ones(n_groups)
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
                        sums=None, path=None):
@@ -51,7 +58,8 @@ class _Recorder(Engine):
         self.call = (kind, arguments)
 
     def __getattribute__(self, name):
-        if (not name.startswith("_") and name not in ("inference", "normalize_rows")
+        if (not name.startswith("_")
+                and name not in ("inference", "normalize_rows", "instance_planes")
                 and callable(getattr(Engine, name, None))):
             raise _NotBindable(name)
         return super().__getattribute__(name)
@@ -104,6 +112,8 @@ def _bound_kernel(function, args, kwargs):
     kind, recorded = recorder.call
     if kind == "inference":
         return _fast(recorded, inputs, result)
+    if kind == "planes":
+        return _fast_planes(recorded, inputs, result)
     return _fast_rows(recorded, inputs, result)
 
 
@@ -136,6 +146,16 @@ def _fast_rows(recorded, inputs, result):
     if not _reads((x, scale, B, skip, bias), inputs) or not _same_memory(y, result):
         return None
     return _checked(ENGINE.bind_rows(x, y, scale, B, epsilon, centered, skip, bias), result)
+
+
+def _fast_planes(recorded, inputs, result):
+    """The bound instance or group normalization of channels-first memory: one
+    compiled call on the serial path."""
+    x, y, C, S, scale, B, epsilon, group = recorded
+    if not _reads((x, scale, B), inputs) or not _same_memory(y, result):
+        return None
+    return _checked(ENGINE.bind_instance_planes(x, y, C, S, scale, B, epsilon, group),
+                    result)
 
 
 def _checked(run, Y):

@@ -221,6 +221,21 @@ MUTATIONS = [
     mutation("bind-copied-x", "a bound call runs on the copy of a strided X made at binding",
              [(BINDING, "    if not _reads((x, scale, B, mean, var), inputs)",
                "    if not _reads((scale, B, mean, var), inputs)")], ["tests/test_bind.py"]),
+    mutation("bind-planes-copied-x", "a bound instance norm runs on the copy of X made "
+             "at binding", [(BINDING, "    if not _reads((x, scale, B), inputs) or not "
+                            "_same_memory(y, result):\n        return None\n    return "
+                            "_checked(ENGINE.bind_instance_planes",
+                            "    if not _reads((scale, B), inputs) or not "
+                            "_same_memory(y, result):\n        return None\n    return "
+                            "_checked(ENGINE.bind_instance_planes")], ["tests/test_bind.py"]),
+    mutation("bind-planes-stale-tables", "a bound instance norm folds scale and B once, "
+             "at binding", [(ENGINE, "        kernel = instance.fused_planes_serial\n"
+                             "        return lambda: kernel(xs, ys, *args)",
+                             "        kernel = instance.fused_planes_serial\n"
+                             "        s0, b0 = args[3].copy(), args[4].copy()\n"
+                             "        args = args[:3] + (s0, b0) + args[5:]\n"
+                             "        return lambda: kernel(xs, ys, *args)")],
+             ["tests/test_bind.py"]),
     mutation("bind-converted-parameter", "a bound call reads a parameter converted at "
              "binding", [(BINDING, "    if not _reads((x, scale, B, mean, var), inputs)",
                           "    if not _reads((x,), inputs)")],

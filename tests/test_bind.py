@@ -1,6 +1,8 @@
 """normkernels.bind: a call prepared once for fixed arrays gives, at every call, what
 the plain call gives on the arrays' current contents, and the errors it gives."""
 
+import math
+
 import numpy as np
 import pytest
 from arrays import BFLOAT16, assert_identical
@@ -196,12 +198,16 @@ def _bind_params():
             for case in CASES for dtype in case.dtypes() for fmt in case.layouts()]
 
 
-def _compiled_bind_expected(case):
-    """Per-channel inference and the row normalizations bind to one compiled call."""
+def _compiled_bind_expected(case, X, data_format):
+    """Per-channel inference, the row normalizations, and instance and group
+    normalization of channels-first memory bind to one compiled call."""
     op = case.op
+    channels_first = data_format == "NCX" or X.ndim < 3 or math.prod(X.shape[1:-1]) == 1
     return case.mode == "inference" and (
         op.family in ("layer", "rms") or op.function in ("batch_normalization",
-                                                         "batch_norm_inference"))
+                                                         "batch_norm_inference")
+        or (op.function in ("instance_normalization", "group_normalization", "group_norm")
+            and channels_first))
 
 
 @pytest.mark.parametrize("with_out", [False, True])
@@ -226,7 +232,8 @@ def test_every_operator_binds_to_the_arrays_current_contents(case, dtype, data_f
         kwargs["out"] = out = np.empty_like(primary(case, fn(*args, **kwargs))[0])
     call = nk.bind(fn, *args, **kwargs)
     if kwargs.get("out") is None or case.writes_out:
-        assert _fast(call) == _compiled_bind_expected(case), call.__qualname__
+        assert _fast(call) == _compiled_bind_expected(case, X, data_format), \
+            call.__qualname__
     for seed in (1, 2):
         fresh = make(case, dtype, data_format, np.random.default_rng(seed))
         for old, new in zip((X, *params), (fresh.X, *fresh.params), strict=True):
@@ -259,3 +266,23 @@ def test_read_only_arrays_are_read_at_every_call(rng, fn):
         for b in buffers:
             b[...] = rng.uniform(0.5, 2.0, b.shape)
         assert_identical(call(), fn(*[b.copy() for b in buffers]))
+
+
+@pytest.mark.parametrize("fn,kwargs", [
+    (nk.batch_normalization, {}), (nk.instance_normalization, {}),
+    (nk.group_normalization, {"num_groups": 2}), (nk.layer_normalization, {})])
+def test_strided_x_is_read_at_every_call(rng, fn, kwargs):
+    """X a strided view (the spec layer copies it to run): the bound call must read
+    the view's memory at each call, not the copy made at binding."""
+    C = 4
+    base = rng.normal(size=(2, C, 6, 10)).astype(np.float32)
+    X = base[..., ::2]
+    n_params = 4 if fn is nk.batch_normalization else 2
+    width = X.shape[-1] if fn is nk.layer_normalization else C
+    params = [rng.uniform(0.5, 2.0, width).astype(np.float32) for _ in range(n_params)]
+    if fn is nk.layer_normalization:
+        kwargs = {"axis": -1}
+    call = nk.bind(fn, X, *params, **kwargs)
+    for _ in range(2):
+        base[...] = rng.normal(3, 2, base.shape)
+        assert_identical(call(), fn(X.copy(), *params, **kwargs))

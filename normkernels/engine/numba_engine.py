@@ -45,6 +45,7 @@ def _views(x, y):
     # reshape(-1) (per-call latency)
     return storage_view(x.ravel()), storage_view(y.ravel())
 
+
 class NumbaEngine(Engine):
     """:class:`normkernels.engine.Engine` on the Numba kernels."""
 
@@ -152,6 +153,22 @@ class NumbaEngine(Engine):
             with launch_guard(path):
                 instance.fused_planes_parallel(xs, ys, *args)
         return mean, m2
+
+    def bind_instance_planes(self, x, y, C, S, scale, B, epsilon, group=1):
+        """:meth:`instance_planes` for fixed arrays (see :func:`normkernels.bind`): on
+        the serial path one compiled call (the fused kernel, every argument resolved
+        here), else the engine call (its path decided per call)."""
+        if y.size > policy.SERIAL_MAX_ELEMENTS or y.size == 0:
+            return lambda: self.instance_planes(x, y, C, S, scale, B, epsilon, group=group)
+        # aliases, never copies: the call must read the arrays' memory each time
+        xs, ys = storage_alias(x.ravel()), storage_alias(y.ravel())
+        n_planes = xs.size // S
+        cd = compute_dtype(x.dtype)
+        args = (C, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
+                np.empty(n_planes // group), np.empty(n_planes // group),
+                np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd))
+        kernel = instance.fused_planes_serial
+        return lambda: kernel(xs, ys, *args)
 
     def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
         xs, ys = _views(x, y)
