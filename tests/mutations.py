@@ -67,6 +67,7 @@ MOMENTS_K = "normkernels/kernels/statistics.py"
 INSTANCE_K = "normkernels/kernels/instance.py"
 SCALE_SHIFT = "normkernels/kernels/scale_shift.py"
 ENGINE = "normkernels/engine/numba_engine.py"
+BOUND = "normkernels/engine/numba_bind.py"
 ENGINE_BASE = "normkernels/engine/__init__.py"
 POLICY = "normkernels/engine/policy.py"
 THREADS = "normkernels/engine/threads.py"
@@ -229,7 +230,7 @@ MUTATIONS = [
                             "_same_memory(y, result):\n        return None\n    return "
                             "_checked(ENGINE.bind_instance_planes")], ["tests/test_bind.py"]),
     mutation("bind-planes-stale-tables", "a bound instance norm folds scale and B once, "
-             "at binding", [(ENGINE, "        kernel = instance.fused_planes_serial\n"
+             "at binding", [(BOUND, "        kernel = instance.fused_planes_serial\n"
                              "        return lambda: kernel(xs, ys, *args)",
                              "        kernel = instance.fused_planes_serial\n"
                              "        s0, b0 = args[3].copy(), args[4].copy()\n"
@@ -335,13 +336,13 @@ MUTATIONS = [
              ["tests/test_kernels.py", "-k", "inliner"]),
     mutation("bind-copies-read-only-params", "a bound inference call copies small "
              "read-only parameters at binding (later contents unseen)", [
-                 (ENGINE, "        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), "
+                 (BOUND, "        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), "
                   "storage_alias(mean),", "        p0, p1, p2, p3 = (storage_view(scale), "
                   "storage_alias(B), storage_alias(mean),")],
              ["tests/test_bind.py", "-k", "read_only"]),
     mutation("bind-rows-stale-scale", "a bound row normalization copies its scale at "
              "binding (the spec layer's broadcast view is read-only)", [
-                 (ENGINE, "        s = storage_alias(scale)\n",
+                 (BOUND, "        s = storage_alias(scale)\n",
                   "        s = storage_view(scale)\n")],
              ["tests/test_bind.py", "-k", "every_operator and layernorm"]),
     mutation("onednn-plan-key-without-keep-stats", "a oneDNN LayerNorm plan made with "

@@ -1,0 +1,88 @@
+"""The Numba engine's bound calls (:func:`normkernels.bind`): a call prepared once for
+fixed arrays. On the serial path a bound call is one compiled call with every argument
+resolved at binding (aliases of the arrays, never copies: the call must read their
+memory each time); above it the path is decided per call, as the engine decides it."""
+
+import numpy as np
+
+from normkernels.dtypes import compute_dtype, storage_alias
+from normkernels.engine import policy
+from normkernels.engine.numba_launch import flat_rows, nothing
+from normkernels.engine.policy import took
+from normkernels.engine.threads import launch_guard
+from normkernels.kernels import inference, instance, rows
+
+
+class BoundCalls:
+    """The ``bind_*`` methods of :class:`normkernels.engine.numba_engine.NumbaEngine`
+    (each falls back to the engine's own method, on ``self``)."""
+
+    def bind_inference(self, x, y, C, S, scale, B, mean, var, epsilon):
+        xs, ys = storage_alias(x.ravel()), storage_alias(y.ravel())
+        # aliases, never copies: the call must read the arrays' memory each time
+        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), storage_alias(mean),
+                          storage_alias(var))
+        if ys.size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS:  # the path decided per call
+            return lambda: self.inference(x, y, C, S, scale, B, mean, var, epsilon)
+        # serial: safe in any process (a forked child too) and one compiled call
+        period = policy.inference_period(C, S, x.itemsize, ys.size)
+        if period == 0:
+            kernel = inference.normalize_planes_serial
+            return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, False)
+        kernel = inference.normalize_periodic_serial
+        return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False)
+
+    def bind_instance_planes(self, x, y, C, S, scale, B, epsilon, group=1):
+        """:meth:`instance_planes` for fixed arrays (see :func:`normkernels.bind`): on
+        the serial path one compiled call (the fused kernel, every argument resolved
+        here), else the engine call (its path decided per call)."""
+        if y.size > policy.SERIAL_MAX_ELEMENTS or y.size == 0:
+            return lambda: self.instance_planes(x, y, C, S, scale, B, epsilon, group=group)
+        # aliases, never copies: the call must read the arrays' memory each time
+        xs, ys = storage_alias(x.ravel()), storage_alias(y.ravel())
+        n_planes = xs.size // S
+        cd = compute_dtype(x.dtype)
+        args = (C, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
+                np.empty(n_planes // group), np.empty(n_planes // group),
+                np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd))
+        kernel = instance.fused_planes_serial
+        return lambda: kernel(xs, ys, *args)
+
+    def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None):
+        """:meth:`normalize_rows` for fixed arrays, as a zero-argument callable (see
+        :func:`normkernels.bind`): every argument resolved here; on the serial path one
+        compiled call, else the path decided per call and the fused kernel launched
+        (the engine call where the rows split)."""
+        M, K = x.shape
+
+        def engine_call():
+            self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip, bias=bias)
+
+        if x.size == 0 or not (scale.flags.c_contiguous and (B is None or B.flags.c_contiguous)):
+            return engine_call
+        # aliases, never copies: the call must read the arrays' memory each time
+        (xs, xr), (ys, yr) = flat_rows(x, storage_alias), flat_rows(y, storage_alias)
+        s = storage_alias(scale)
+        b = s[:0] if B is None else storage_alias(B)
+        skip_s = None if skip is None else storage_alias(skip).ravel()
+        bias_t = s[:0] if bias is None or skip is None else storage_alias(bias)
+        none = nothing(xs.dtype)
+        mean, var = np.empty(M), np.empty(M)
+        epsilon = float(epsilon)
+        if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
+            kernel = rows.rows_serial if centered else rows.rms_rows_serial
+            return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,
+                                  none)
+        skip_p = none if skip_s is None else skip_s  # the parallel kernels: empty, not None
+
+        def parallel_call():  # the path decided per call, as normalize_rows decides it
+            path = policy.resolve_path(ys, None)
+            if path == "serial" or policy.split_rows(M, K, path):
+                return engine_call()
+            took("rows", "fused", path)
+            kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
+            with launch_guard(path):
+                kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
+                       mean, var, skip_p, bias_t, none)
+
+        return parallel_call
