@@ -123,7 +123,9 @@ def onnx_reference_peer(workload, X, params, threads):
     return lambda: _back(workload, evaluator.run(["Y"], inputs)[0])
 
 
-def onnxruntime_peer(workload, X, params, threads):
+def _ort_session(workload, X, params, threads):
+    """``(session, inputs)``: the one-node model in onnxruntime (CPU provider, the
+    bench's intra-op threads, no spinning); a failure to build is Unavailable."""
     _no_backward(workload, "onnxruntime")
     try:
         import onnxruntime as ort
@@ -135,8 +137,15 @@ def onnxruntime_peer(workload, X, params, threads):
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=["CPUExecutionProvider"]), inputs
+    except Exception as exc:
+        raise Unavailable(_reason("onnxruntime", exc)) from None
+
+
+def onnxruntime_peer(workload, X, params, threads):
+    session, inputs = _ort_session(workload, X, params, threads)
+    try:
         session.run(["Y"], inputs)  # fails for inputs it cannot take (NumPy bfloat16)
     except Exception as exc:
         raise Unavailable(_reason("onnxruntime", exc)) from None
@@ -364,21 +373,10 @@ def onnxruntime_bound_peer(workload, X, params, threads, out=None):
     """onnxruntime with its inputs and Y bound once (io-binding, as an engine runs it:
     no per-call allocation or copy); Y lands in ``out`` (of the model's NCX shape)
     when given. The callable returns Y in the workload's layout."""
-    _no_backward(workload, "onnxruntime")
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise Unavailable("onnxruntime not installed") from None
-    model, inputs = onnx_model(workload, X, params)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
+    session, inputs = _ort_session(workload, X, params, threads)
     x = inputs[workload.operator.onnx.inputs[0]]
     Y = np.empty(x.shape, x.dtype) if out is None else out
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
         binding = session.io_binding()
         for name, arr in inputs.items():
             binding.bind_cpu_input(name, arr)
