@@ -214,6 +214,18 @@ MUTATIONS = [
                   "type(input), input.shape, input.strides, input.dtype,",
                   "type(input), input.shape, input.strides,")],
              ["tests/test_plan_safety.py"]),
+    mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
+             "bound X (another out or parameters)", [
+                 (PLANS, "entry = self.entries.get(tuple(map(id, arrays)))",
+                  "entry = self.entries.get(id(arrays[0]))"),
+                 (PLANS, "self.entries[ids] = (arrays, call, size)",
+                  "self.entries[ids[0]] = (arrays, call, size)")],
+             ["tests/test_plan_safety.py", "-k", "other_objects"]),
+    mutation("plan-reuse-read-only-out", "a plan's bound call writes an out made read-only",
+             [("normkernels/ops/rows.py", "            if not out.flags.writeable:\n"
+               "                return None\n            call()",
+               "            call()")],
+             ["tests/test_plan_safety.py", "-k", "same_arrays"]),
     mutation("plan-moments-layout", "a moments plan reads the channels of NXC memory as "
              "NCX", [
                  (MOMENTS_SPEC, "functools.partial(_planned, data_format=data_format,",

@@ -181,3 +181,99 @@ def test_out_is_checked_again_after_a_plan(op, mode, out_kind):
     X2, params2, out2 = build(2)
     want = _outcome(_run(op, mode, layout, X2, params2, out2, path="serial"))
     _same(got, want)
+
+
+REUSED = {("batchnorm", "inference"), ("batchnorm-inference", "inference"),
+          ("instancenorm", "inference"), ("layernorm", "inference"), ("rmsnorm", "inference"),
+          ("simplified-layernorm", "inference"), ("skip-layernorm", "inference"),
+          ("skip-simplified-layernorm", "inference"), ("layernorm-onednn", "inference"),
+          ("rmsnorm-onednn", "inference")}
+REUSE_CASES = [(op, mode) for op, mode in CASES if not OPERATORS[op].reads_only]
+
+
+@pytest.mark.parametrize("op,mode", REUSE_CASES, ids=[f"{op}-{mode}" for op, mode in REUSE_CASES])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+def test_the_same_arrays_again_are_served_as_the_full_path(op, mode, in_place):
+    """A network's pattern: the same array objects at every call, new values written
+    into them in between. From the third call the planned operators run a bound call
+    (ops/plans.py, Reuse); every call must still equal the full path on copies, and
+    an ``out`` made read-only afterwards must fail as the full checks fail."""
+    record = OPERATORS[op]
+    for layout in record.layouts:
+        plans.clear()
+        _, X, params = _inputs(op, mode, layout, 1)
+        out = X if in_place else np.empty_like(X)
+        for seed in range(2, 6):
+            _, X2, params2 = _inputs(op, mode, layout, seed)
+            X[...] = X2
+            for p, q in zip(params, params2, strict=True):
+                p[...] = q
+            got = _outcome(_run(op, mode, layout, X, params, out))
+            Xc, pc = _copies(X2, params2)
+            want = _outcome(_run(op, mode, layout, Xc, pc, Xc if in_place else
+                                 np.empty_like(Xc), path="serial"))
+            _same(got, want)
+        # instance normalization of channels-last memory has no bound call
+        if (op, mode) in REUSED and (op, layout) != ("instancenorm", "NXC"):
+            assert plans.bound_calls(), f"{op} {layout}: the same arrays were never bound"
+        out.flags.writeable = False
+        got = _outcome(_run(op, mode, layout, X, params, out))
+        out.flags.writeable = True
+        Xc, pc = _copies(X, params)
+        read_only = Xc if in_place else np.empty_like(Xc)
+        read_only.flags.writeable = False
+        _same(got, _outcome(_run(op, mode, layout, Xc, pc, read_only, path="serial")))
+
+
+@pytest.mark.parametrize("op,mode", REUSE_CASES, ids=[f"{op}-{mode}" for op, mode in REUSE_CASES])
+def test_other_objects_after_a_bound_call_are_not_served_by_it(op, mode):
+    """Bound to (X, params, out): another ``out``, another X of the same metadata, and
+    buffers alternating between two sets are each computed for themselves; the old
+    ``out`` is left as it was."""
+    record = OPERATORS[op]
+    layout = record.layouts[0]
+    _, X, params = _inputs(op, mode, layout, 1)
+    out = np.empty_like(X)
+    for _ in range(3):
+        _run(op, mode, layout, X, params, out)()
+    _, Y, params_y = _inputs(op, mode, layout, 2)
+    for args in [(X, params, np.empty_like(X)), (Y, params, out), (X, params_y, out),
+                 (Y, params_y, np.empty_like(X)), (X, params, out), (Y, params, out)]:
+        target = args[2]
+        before = out.copy()
+        got = _outcome(_run(op, mode, layout, *args))
+        Xc, pc = _copies(args[0], args[1])
+        _same(got, _outcome(_run(op, mode, layout, Xc, pc, np.empty_like(Xc), path="serial")))
+        if target is not out:
+            assert_identical(out, before)
+
+
+@pytest.mark.parametrize("op,mode", REUSE_CASES, ids=[f"{op}-{mode}" for op, mode in REUSE_CASES])
+@pytest.mark.parametrize("limits", ["none", "two entries", "no budget"])
+def test_layers_of_one_shape_each_get_their_own_bound_call(op, mode, limits, monkeypatch):
+    """Three layers of one shape (one plan), each with its own arrays, called in turn
+    for four passes with new values each pass: every result equals the full path's;
+    each layer is bound (unless the per-plan or byte limit says no, and then the
+    results are still right)."""
+    if limits == "two entries":
+        monkeypatch.setattr(plans, "REUSE_ENTRIES", 2)
+    elif limits == "no budget":
+        monkeypatch.setattr(plans, "REUSE_BUDGET_BYTES", 0)
+    record = OPERATORS[op]
+    layout = record.layouts[0]
+    layers = [_inputs(op, mode, layout, seed)[1:] for seed in (1, 2, 3)]
+    outs = [np.empty_like(X) for X, _ in layers]
+    for pass_ in range(4):
+        for k, ((X, params), out) in enumerate(zip(layers, outs, strict=True)):
+            _, X2, params2 = _inputs(op, mode, layout, 10 * pass_ + k)
+            X[...] = X2
+            for p, q in zip(params, params2, strict=True):
+                p[...] = q
+            got = _outcome(_run(op, mode, layout, X, params, out))
+            Xc, pc = _copies(X2, params2)
+            _same(got, _outcome(_run(op, mode, layout, Xc, pc, np.empty_like(Xc),
+                                     path="serial")))
+    if (op, mode) in REUSED and limits == "none":
+        assert plans.bound_calls() == 3, f"{op}: {plans.bound_calls()} of 3 layers bound"
+    if limits == "no budget":
+        assert plans.bound_calls() == 0

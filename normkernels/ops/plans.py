@@ -14,8 +14,21 @@ input) and hands anything unusual back to the full path (returns None).
 Execution decisions that can change between calls with equal keys (the path: the
 size thresholds, ``NORMKERNELS_STREAMING``, a forked child) are made by the engine
 on every call, never stored in a plan.
+
+A network calls each layer with its own buffers, the same objects at every pass
+(and often many layers with one shape, so one plan). A plan whose single output is
+``out`` therefore keeps a :class:`Reuse`: the second time a call passes the very
+same array objects (``is``, not equal metadata), it binds them as
+:func:`normkernels.bind` would, and later calls with those objects run the bound
+call (checking only that ``out`` is still writeable). The same
+objects with the same key have the same memory, strides and overlaps, which is all
+the full checks looked at; their contents are read at every call. Nothing is held
+from a first sighting (weak references); arrays above ``REUSE_MAX_BYTES`` are never
+bound (their call costs far more than the checks), and the bound calls, which keep
+their arrays alive, are capped per plan and in bytes over all plans.
 """
 
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -37,18 +50,89 @@ def add(key, plan):
     if plan is None:
         return
     if len(_plans) >= LIMIT:
-        _plans.clear()
+        clear()
     _plans[key] = plan
 
 
 def clear():
+    """Forget every plan (and with them the arrays of their bound calls)."""
     _plans.clear()
+    _held[0] = 0
+
+
+# Bound calls: arrays above REUSE_MAX_BYTES are never bound; a plan keeps at most
+# REUSE_ENTRIES bound array sets (a network's layers of one shape: dozens) and
+# REUSE_SEEN first sightings; all plans together hold at most REUSE_BUDGET_BYTES
+# of X and out alive (:func:`clear` lets them go).
+REUSE_MAX_BYTES = 1 << 22
+REUSE_ENTRIES = 128
+REUSE_SEEN = 256
+REUSE_BUDGET_BYTES = 1 << 28
+_held = [0]  # bytes of X and out the bound calls hold (approximate under threads)
+
+
+class Reuse:
+    """The bound calls of a plan's recurring arrays (see the module's docstring).
+
+    Entries are keyed by the ``id`` of every array of the call: a bound entry holds
+    its arrays, so while it lives no other object has those ids, and an equal key is
+    the very same objects. First sightings are weak references, checked with ``is``."""
+
+    __slots__ = ("entries", "seen")
+
+    def __init__(self):
+        self.entries = {}
+        self.seen = {}
+
+    def bound(self, arrays):
+        """The bound call of exactly these array objects, or None."""
+        entry = self.entries.get(tuple(map(id, arrays)))
+        return None if entry is None else entry[1]
+
+    def offer(self, arrays, bind):
+        """After a full planned call over ``arrays``: the second such call binds them
+        (``bind()``: a zero-argument callable, or None when they do not bind); a first
+        one is remembered weakly."""
+        ids = tuple(map(id, arrays))
+        refs = self.seen.pop(ids, None)
+        if refs is not None and all((a is None) if r is None else (r() is a)
+                                    for r, a in zip(refs, arrays, strict=True)):
+            size = sum(a.nbytes for a in arrays if a is not None)
+            if len(self.entries) >= REUSE_ENTRIES:
+                self.release()
+            if _held[0] + size > REUSE_BUDGET_BYTES:
+                return
+            call = bind()
+            if call is not None:
+                self.entries[ids] = (arrays, call, size)
+                _held[0] += size
+            return
+        if len(self.seen) >= REUSE_SEEN:
+            self.seen.clear()
+        self.seen[ids] = tuple(None if a is None else weakref.ref(a) for a in arrays)
+
+    def release(self):
+        """Forget the bound calls (and the arrays they hold)."""
+        entries, self.entries = self.entries, {}
+        _held[0] -= sum(entry[2] for entry in entries.values())
+
+
+def reusable(X, out, engine):
+    """Whether a call may be bound for reuse: ``out`` given, X small enough, and an
+    engine that binds."""
+    return out is not None and X.nbytes <= REUSE_MAX_BYTES and hasattr(engine, "bind_rows")
 
 
 def stored_keys():
     """The keys of the plans stored now, oldest first (a copy: for tests and
     diagnostics)."""
     return list(_plans)
+
+
+def bound_calls():
+    """How many bound calls the stored plans hold now (for tests and diagnostics)."""
+    return sum(len(plan.reuse.entries) for plan in _plans.values()
+               if isinstance(getattr(plan, "reuse", None), Reuse))
 
 
 def plain(given, checked):
@@ -118,18 +202,29 @@ class Inference(NamedTuple):
     order: tuple
     shape: tuple
     dtype: object
+    reuse: Reuse
 
     def __call__(self, X, scale, B, mean, var, out):
+        arrays = (X, scale, B, mean, var, out)
+        call = self.reuse.bound(arrays)
+        if call is not None:
+            if not out.flags.writeable:
+                return None
+            call()
+            return out
         views = _output(self, X, out)
         if views is None:
             return None
         y, x, yc = views
         # guard: the engine hands back (False) a call whose out may share memory with
         # an input; the full path then decides
-        if self.engine.inference(x, yc, self.C, self.S, scale, B, mean, var, self.epsilon,
-                                 guard=out is not None):
-            return y
-        return None
+        if not self.engine.inference(x, yc, self.C, self.S, scale, B, mean, var,
+                                     self.epsilon, guard=out is not None):
+            return None
+        if reusable(X, out, self.engine):
+            self.reuse.offer(arrays, lambda: self.engine.bind_inference(
+                x, yc, self.C, self.S, scale, B, mean, var, self.epsilon))
+        return y
 
 
 def inference(engine, epsilon, X, data_format, out):
@@ -139,7 +234,7 @@ def inference(engine, epsilon, X, data_format, out):
     if layout is None:
         return None
     return Inference(engine, epsilon, common.channel_count(X, data_format), layout[1],
-                     layout[0], X.shape, X.dtype)
+                     layout[0], X.shape, X.dtype, Reuse())
 
 
 class Instance(NamedTuple):
@@ -155,16 +250,27 @@ class Instance(NamedTuple):
     order: tuple
     shape: tuple
     dtype: object
+    reuse: Reuse
 
     def __call__(self, X, scale, B, out):
+        arrays = (X, scale, B, out)
+        call = self.reuse.bound(arrays)
+        if call is not None:
+            if not out.flags.writeable:
+                return None
+            call()
+            return out
         views = _output(self, X, out, (scale, B))
         if views is None:
             return None
         y, x, yc = views
         if self.rows:
             self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon)
-        else:
-            self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon)
+            return y
+        self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon)
+        if reusable(X, out, self.engine):
+            self.reuse.offer(arrays, lambda: self.engine.bind_instance_planes(
+                x, yc, self.C, self.S, scale, B, self.epsilon))
         return y
 
 
@@ -175,7 +281,7 @@ def instance(engine, epsilon, X, data_format, out, spatial):
         return None
     order, S = layout
     return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
-                    S != spatial, order, X.shape, X.dtype)
+                    S != spatial, order, X.shape, X.dtype, Reuse())
 
 
 class Checked(NamedTuple):
