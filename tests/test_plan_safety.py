@@ -26,7 +26,7 @@ HAS_PLANS = {("batchnorm", "inference"), ("batchnorm", "training"), ("batchnorm-
              ("layernorm", "inference"), ("rmsnorm", "inference"),
              ("simplified-layernorm", "inference"), ("skip-layernorm", "inference"),
              ("skip-simplified-layernorm", "inference"), ("layernorm-onednn", "inference"),
-             ("rmsnorm-onednn", "inference")}
+             ("rmsnorm-onednn", "inference"), ("groupnorm", "inference")}
 
 
 @pytest.fixture(autouse=True)
@@ -187,7 +187,7 @@ REUSED = {("batchnorm", "inference"), ("batchnorm-inference", "inference"),
           ("instancenorm", "inference"), ("layernorm", "inference"), ("rmsnorm", "inference"),
           ("simplified-layernorm", "inference"), ("skip-layernorm", "inference"),
           ("skip-simplified-layernorm", "inference"), ("layernorm-onednn", "inference"),
-          ("rmsnorm-onednn", "inference")}
+          ("rmsnorm-onednn", "inference"), ("groupnorm", "inference")}
 REUSE_CASES = [(op, mode) for op, mode in CASES if not OPERATORS[op].reads_only]
 
 
@@ -213,8 +213,9 @@ def test_the_same_arrays_again_are_served_as_the_full_path(op, mode, in_place):
             want = _outcome(_run(op, mode, layout, Xc, pc, Xc if in_place else
                                  np.empty_like(Xc), path="serial"))
             _same(got, want)
-        # instance normalization of channels-last memory has no bound call
-        if (op, mode) in REUSED and (op, layout) != ("instancenorm", "NXC"):
+        # instance and group normalization of channels-last memory have no bound call
+        if (op, mode) in REUSED and not (op in ("instancenorm", "groupnorm")
+                                         and layout == "NXC"):
             assert plans.bound_calls(), f"{op} {layout}: the same arrays were never bound"
         out.flags.writeable = False
         got = _outcome(_run(op, mode, layout, X, params, out))

@@ -16,12 +16,14 @@ from oracle import (
     assert_close,
     batch_norm,
     batch_statistics,
+    group_tolerance,
     instance_norm,
     instance_tolerance,
     statistics_tolerance,
     tolerance,
     training_tolerance,
 )
+from oracle import group_norm as oracle_group_norm
 
 import normkernels as nk
 from normkernels import reference
@@ -547,3 +549,28 @@ def test_onednn_row_plans_key_on_every_attribute(rng):
     assert not np.array_equal(nk.rms_norm(X, g, epsilon=0.5), nk.rms_norm(X, g))
     with pytest.raises(ValueError, match="gamma"):
         nk.rms_norm(X.reshape(4, 48), g, begin_norm_axis=0)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_plans_per_channel_parameters_only(rng, opset):
+    """Opset 21 (a value per channel) plans and binds repeated calls; opset 18 (a value
+    per group, repeated to the channels on every call) leaves no plan. New values in
+    the same arrays, each call against the oracle and the slow twin."""
+    C, G = 8, 4
+    X = rng.normal(size=(2, C, 5, 3)).astype(np.float32)
+    n = C if opset == 21 else G
+    scale, bias = np.empty(n, np.float32), np.empty(n, np.float32)
+    out = np.empty_like(X)
+    for _ in range(4):
+        X[...] = rng.normal(size=X.shape)
+        scale[...] = rng.normal(size=n)
+        bias[...] = rng.normal(size=n)
+        Y = nk.group_normalization(X, scale, bias, num_groups=G, opset=opset, out=out)
+        assert Y is out
+        exact, mean, var, s, b = oracle_group_norm(X, scale, bias, G, 1e-5,
+                                                   per_group=opset == 18)
+        assert_close(Y, exact, group_tolerance(X, s, b, mean, var, 1e-5, "NCX", X.dtype))
+        assert_identical(Y, reference.group_normalization(X, scale, bias, num_groups=G,
+                                                          opset=opset))
+    assert bool(plans.stored_keys()) == (opset == 21)
+    assert plans.bound_calls() == (opset == 21)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from normkernels.ops import common
+from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS, BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 
 OP = "GroupNormalization"
@@ -99,6 +99,22 @@ def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None,
                         opset=21, data_format="NCX", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization`."""
+    key = given = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format,
+                   type(opset), type(epsilon), type(stash_type), type(num_groups),
+                   type(data_format), type(X), X.shape, X.strides, X.dtype,
+                   type(scale), scale.shape, scale.strides, scale.dtype,
+                   type(bias), bias.shape, bias.strides, bias.dtype, plans.out_key(out, X))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(X, scale, bias, out)
+            if Y is not None:
+                return Y
+        given = (X, scale, bias)
     version = version_for(opset)
     label = version.label(OP)
     attrs = common.resolve_attributes(label, version, {"epsilon": epsilon,
@@ -128,10 +144,16 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
         common.check_channel_params(label, C, arrays)
     if out is not None:
         common.check_out(label, out, X, arrays)
+    checked = (X, arrays["scale"], arrays["bias"])
     scale, bias = arrays["scale"], arrays["bias"]
     if version.per_group:  # each channel takes its group's value
         scale, bias = np.repeat(scale, C // groups), np.repeat(bias, C // groups)
-    return normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path)[0]
+    Y = normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path)[0]
+    # a plan for per-channel parameters only (opset 18's are repeated per call)
+    if key is not None and eps and not version.per_group and plans.plain(given, checked):
+        spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
+        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial, C // groups))
+    return Y
 
 
 def group_norm(src, gamma=None, beta=None, *, groups, epsilon=1e-5, keep_stats=True,

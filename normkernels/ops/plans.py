@@ -20,7 +20,9 @@ A network calls each layer with its own buffers, the same objects at every pass
 ``out`` therefore keeps a :class:`Reuse`: the second time a call passes the very
 same array objects (``is``, not equal metadata), it binds them as
 :func:`normkernels.bind` would, and later calls with those objects run the bound
-call (checking only that ``out`` is still writeable). The same
+call (checking only that ``out`` is still writeable). As with ``bind``, a call of a
+serial size stays one compiled serial call (safe in any process); above it the path
+is still decided per call. The same
 objects with the same key have the same memory, strides and overlaps, which is all
 the full checks looked at; their contents are read at every call. Nothing is held
 from a first sighting (weak references); arrays above ``REUSE_MAX_BYTES`` are never
@@ -251,6 +253,7 @@ class Instance(NamedTuple):
     shape: tuple
     dtype: object
     reuse: Reuse
+    group: int = 1  # channels per group (GroupNormalization); 1: instance normalization
 
     def __call__(self, X, scale, B, out):
         arrays = (X, scale, B, out)
@@ -265,23 +268,26 @@ class Instance(NamedTuple):
             return None
         y, x, yc = views
         if self.rows:
-            self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon)
+            self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon,
+                                      group=self.group)
             return y
-        self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon)
+        self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon,
+                                    group=self.group)
         if reusable(X, out, self.engine):
             self.reuse.offer(arrays, lambda: self.engine.bind_instance_planes(
-                x, yc, self.C, self.S, scale, B, self.epsilon))
+                x, yc, self.C, self.S, scale, B, self.epsilon, self.group))
         return y
 
 
-def instance(engine, epsilon, X, data_format, out, spatial):
-    """The :class:`Instance` plan of a call that just passed the full checks, or None."""
+def instance(engine, epsilon, X, data_format, out, spatial, group=1):
+    """The :class:`Instance` plan of a call that just passed the full checks (``group``
+    channels per group: GroupNormalization), or None."""
     layout = _layout(X, data_format, out)
     if layout is None:
         return None
     order, S = layout
     return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
-                    S != spatial, order, X.shape, X.dtype, Reuse())
+                    S != spatial, order, X.shape, X.dtype, Reuse(), group)
 
 
 class Checked(NamedTuple):
