@@ -214,6 +214,11 @@ MUTATIONS = [
                   "type(input), input.shape, input.strides, input.dtype,",
                   "type(input), input.shape, input.strides,")],
              ["tests/test_plan_safety.py"]),
+    mutation("bn-backward-eval-reads-x", "eval-mode BN backward computes dX through "
+             "(x - mean) * 0 (NaN where X is NaN)", [
+                 ("normkernels/ops/backward.py", "    if training:\n        engine.grad_apply",
+                  "    if True:\n        engine.grad_apply")],
+             ["tests/test_backward.py", "-k", "eval_mode"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [
                  (PLANS, "entry = self.entries.get(tuple(map(id, arrays)))",

@@ -92,6 +92,31 @@ def test_batch_normalization_backward_matches_oracle(rng, name, dtype, fmt, trai
 
 
 @pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+def test_eval_mode_dx_does_not_read_x(rng, dtype, fmt):
+    """Eval mode: dX = dY * scale / sqrt(var + epsilon), whatever X holds. NaN and inf
+    in X used to reach dX through (x - mean) * 0; dscale does depend on X (NaN there,
+    as torch's)."""
+    X, dY, scale, mean, var = bn_case(rng, (3, 4, 5, 6), dtype, fmt)
+    X = X.copy()
+    X.flat[::7] = np.nan
+    X.flat[3::11] = np.inf
+    dX, dscale, _ = nk.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                    training=False, data_format=fmt)
+    channel = 1 if fmt == "NCX" else -1
+    shape = [1] * X.ndim
+    shape[channel] = -1
+    a = (scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + EPS)).reshape(shape)
+    exact = dY.astype(np.float64) * a
+    assert np.isfinite(dX).all()
+    np.testing.assert_allclose(dX, exact, rtol=2 * np.finfo(dtype).eps, atol=0)
+    assert np.isnan(dscale).all()
+    twin = reference.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS,
+                                                  training=False, data_format=fmt)
+    assert_identical(twin[0], dX)
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
 def test_inv_std_is_the_same_as_var(rng, fmt):
     X, dY, scale, mean, var = bn_case(rng, (4, 3, 9, 11), F32, fmt)
     a = nk.batch_normalization_backward(dY, X, scale, mean, var, epsilon=EPS, data_format=fmt)

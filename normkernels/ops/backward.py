@@ -169,7 +169,11 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     coefficients, dscale, dB = fold(params["scale"].astype(np.float64), mean64, r, sum_dy,
                                     sum_dyx, X.size // C, bool(training), X.dtype)
     dx = _target(x, dy, out, order, X, dY)
-    engine.grad_apply(x, dy, dx, C, S, *coefficients, path)
+    if training:
+        engine.grad_apply(x, dy, dx, C, S, *coefficients, path)
+    else:  # dX = dY * scale * r does not read X: a NaN or inf in X stays out of dX
+        m, a, _, _ = coefficients
+        engine.scale_shift(dy, dx, C, S, np.zeros_like(m), a, np.zeros_like(a), path)
     return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
 
 
