@@ -219,10 +219,32 @@ MUTATIONS = [
                  ("normkernels/ops/backward.py", "    if training:\n        engine.grad_apply",
                   "    if True:\n        engine.grad_apply")],
              ["tests/test_backward.py", "-k", "eval_mode"]),
+    mutation("torch-bn-running-biased", "normkernels.torch updates the running variance "
+             "with the biased batch variance", [
+                 ("normkernels/torch/functional.py", "unbiased = var * (count / (count - 1))",
+                  "unbiased = var")],
+             ["tests/test_torch.py", "-k", "modules_match"]),
+    mutation("torch-ln-grads-swapped", "normkernels.torch's LayerNorm returns dbias as "
+             "dweight", [
+                 ("normkernels/torch/ops.py", "return (dx, None, None if weight is None else dw, "
+                  "db if ctx.has_bias else None, None)",
+                  "return (dx, None, None if weight is None else db, "
+                  "dw if ctx.has_bias else None, None)")],
+             ["tests/test_torch.py", "-k", "functions_match"]),
+    mutation("torch-rms-eps", "normkernels.torch's rms_norm takes 1e-6 for eps=None", [
+                 ("normkernels/torch/functional.py", "eps = torch.finfo(input.dtype).eps",
+                  "eps = 1e-6")],
+             ["tests/test_torch.py", "-k", "rms_norm_default"]),
+    mutation("torch-bn-eval-grad-training", "normkernels.torch's eval-mode BatchNorm "
+             "backward differentiates through the batch statistics", [
+                 ("normkernels/torch/ops.py",
+                  "batch_norm_backward(dy, x, weight, mean, var, ctx.eps, False)",
+                  "batch_norm_backward(dy, x, weight, mean, var, ctx.eps, True)")],
+             ["tests/test_torch.py", "-k", "functions_match"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [
-                 (PLANS, "entry = self.entries.get(tuple(map(id, arrays)))",
-                  "entry = self.entries.get(id(arrays[0]))"),
+                 (PLANS, "entry = entries.get(tuple(map(id, arrays)))",
+                  "entry = entries.get(id(arrays[0]))"),
                  (PLANS, "self.entries[ids] = (arrays, call, size)",
                   "self.entries[ids[0]] = (arrays, call, size)")],
              ["tests/test_plan_safety.py", "-k", "other_objects"]),

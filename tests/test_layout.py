@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "normkernels"
-INTEGRATIONS = {"normkernels.onnx", "normkernels.dask"}
+INTEGRATIONS = {"normkernels.onnx", "normkernels.dask", "normkernels.torch"}
 TOOLS_PREFIX = "normkernels.bench"
 ENTRY = {"normkernels", "normkernels.__main__"}  # lazy names and `python -m normkernels`
 

@@ -195,7 +195,7 @@ REUSE_CASES = [(op, mode) for op, mode in CASES if not OPERATORS[op].reads_only]
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
 def test_the_same_arrays_again_are_served_as_the_full_path(op, mode, in_place):
     """A network's pattern: the same array objects at every call, new values written
-    into them in between. From the third call the planned operators run a bound call
+    into them in between. From the fifth call the planned operators run a bound call
     (ops/plans.py, Reuse); every call must still equal the full path on copies, and
     an ``out`` made read-only afterwards must fail as the full checks fail."""
     record = OPERATORS[op]
@@ -203,7 +203,7 @@ def test_the_same_arrays_again_are_served_as_the_full_path(op, mode, in_place):
         plans.clear()
         _, X, params = _inputs(op, mode, layout, 1)
         out = X if in_place else np.empty_like(X)
-        for seed in range(2, 6):
+        for seed in range(2, 9):  # bound at the fourth call (ops/plans.py, Reuse)
             _, X2, params2 = _inputs(op, mode, layout, seed)
             X[...] = X2
             for p, q in zip(params, params2, strict=True):
@@ -235,8 +235,10 @@ def test_other_objects_after_a_bound_call_are_not_served_by_it(op, mode):
     layout = record.layouts[0]
     _, X, params = _inputs(op, mode, layout, 1)
     out = np.empty_like(X)
-    for _ in range(3):
+    for _ in range(5):
         _run(op, mode, layout, X, params, out)()
+    if (op, mode) in REUSED:
+        assert plans.bound_calls() == 1, f"{op}: the arrays were not bound"
     _, Y, params_y = _inputs(op, mode, layout, 2)
     for args in [(X, params, np.empty_like(X)), (Y, params, out), (X, params_y, out),
                  (Y, params_y, np.empty_like(X)), (X, params, out), (Y, params, out)]:
@@ -278,3 +280,30 @@ def test_layers_of_one_shape_each_get_their_own_bound_call(op, mode, limits, mon
         assert plans.bound_calls() == 3, f"{op}: {plans.bound_calls()} of 3 layers bound"
     if limits == "no budget":
         assert plans.bound_calls() == 0
+
+
+def test_new_views_every_call_are_never_bound_and_stop_being_looked_at():
+    """A caller that passes new views of its arrays at every call (an adapter making
+    NumPy views of tensors): the views' ids come back once freed, but they are other
+    objects, so nothing is bound, the results stay right, and after REUSE_STRIKES the
+    plan stops looking. A persistent layer of the same shape, called in between, is
+    still bound."""
+    import normkernels as nk
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((4, 32)).astype(np.float32)
+    s, b = rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    Y = np.empty_like(X)
+    for _ in range(3 * plans.REUSE_STRIKES):  # a tight loop: the views' ids come back
+        nk.layer_normalization(X[:], s[:], b[:], out=Y[:])
+    (plan,) = [p for p in plans._plans.values() if hasattr(p, "reuse")]
+    assert plan.reuse.strikes >= plans.REUSE_STRIKES and not plan.reuse.entries
+    plans.clear()
+    P, Q = X + 1, np.empty_like(X)
+    for _ in range(3 * plans.REUSE_STRIKES):
+        X[...] = rng.standard_normal(X.shape)
+        got = nk.layer_normalization(X[:], s[:], b[:], out=Y[:]).copy()
+        assert_identical(got, nk.layer_normalization(X.copy(), s, b, out=np.empty_like(X)))
+        nk.layer_normalization(P, s, b, out=Q)
+    (plan,) = [p for p in plans._plans.values() if hasattr(p, "reuse") and p.reuse.entries]
+    assert [entry[0][0] for entry in plan.reuse.entries.values()] == [P]

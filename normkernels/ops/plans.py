@@ -17,8 +17,8 @@ on every call, never stored in a plan.
 
 A network calls each layer with its own buffers, the same objects at every pass
 (and often many layers with one shape, so one plan). A plan whose single output is
-``out`` therefore keeps a :class:`Reuse`: the second time a call passes the very
-same array objects (``is``, not equal metadata), it binds them as
+``out`` therefore keeps a :class:`Reuse`: when calls keep passing the very same
+array objects (``is``, not equal metadata; the third planned call), it binds them as
 :func:`normkernels.bind` would, and later calls with those objects run the bound
 call (checking only that ``out`` is still writeable). As with ``bind``, a call of a
 serial size stays one compiled serial call (safe in any process); above it the path
@@ -64,11 +64,12 @@ def clear():
 
 # Bound calls: arrays above REUSE_MAX_BYTES are never bound; a plan keeps at most
 # REUSE_ENTRIES bound array sets (a network's layers of one shape: dozens) and
-# REUSE_SEEN first sightings; all plans together hold at most REUSE_BUDGET_BYTES
-# of X and out alive (:func:`clear` lets them go).
+# REUSE_SEEN sightings, and stops looking after REUSE_STRIKES (see Reuse); all plans
+# together hold at most REUSE_BUDGET_BYTES of arrays alive (:func:`clear` lets them go).
 REUSE_MAX_BYTES = 1 << 22
 REUSE_ENTRIES = 128
 REUSE_SEEN = 256
+REUSE_STRIKES = 16
 REUSE_BUDGET_BYTES = 1 << 28
 _held = [0]  # bytes of X and out the bound calls hold (approximate under threads)
 
@@ -78,40 +79,60 @@ class Reuse:
 
     Entries are keyed by the ``id`` of every array of the call: a bound entry holds
     its arrays, so while it lives no other object has those ids, and an equal key is
-    the very same objects. First sightings are weak references, checked with ``is``."""
+    the very same objects. Before that, a call's ids are remembered (ids alone: cheap,
+    but a temporary's id is reused once it is freed), then, when they come again,
+    its arrays weakly, and the third time, if the weak references still give these
+    very objects, they are bound. Each time they do not (temporaries whose ids came
+    back) is a strike; after ``REUSE_STRIKES`` the plan stops looking, so a caller
+    that passes new arrays every time pays one comparison a call."""
 
-    __slots__ = ("entries", "seen")
+    __slots__ = ("entries", "seen", "strikes")
 
     def __init__(self):
         self.entries = {}
         self.seen = {}
+        self.strikes = 0
 
     def bound(self, arrays):
         """The bound call of exactly these array objects, or None."""
-        entry = self.entries.get(tuple(map(id, arrays)))
+        entries = self.entries
+        if not entries:
+            return None
+        entry = entries.get(tuple(map(id, arrays)))
         return None if entry is None else entry[1]
 
     def offer(self, arrays, bind):
-        """After a full planned call over ``arrays``: the second such call binds them
-        (``bind()``: a zero-argument callable, or None when they do not bind); a first
-        one is remembered weakly."""
-        ids = tuple(map(id, arrays))
-        refs = self.seen.pop(ids, None)
-        if refs is not None and all((a is None) if r is None else (r() is a)
-                                    for r, a in zip(refs, arrays, strict=True)):
-            size = sum(a.nbytes for a in arrays if a is not None)
-            if len(self.entries) >= REUSE_ENTRIES:
-                self.release()
-            if _held[0] + size > REUSE_BUDGET_BYTES:
-                return
-            call = bind()
-            if call is not None:
-                self.entries[ids] = (arrays, call, size)
-                _held[0] += size
+        """After a full planned call over ``arrays``: a step towards binding them
+        (``bind()``: a zero-argument callable, or None when they do not bind)."""
+        if self.strikes >= REUSE_STRIKES:
             return
-        if len(self.seen) >= REUSE_SEEN:
-            self.seen.clear()
-        self.seen[ids] = tuple(None if a is None else weakref.ref(a) for a in arrays)
+        ids = tuple(map(id, arrays))
+        seen = self.seen
+        refs = seen.get(ids)
+        if refs is None:  # first sighting: the ids
+            if len(seen) >= REUSE_SEEN:
+                seen.clear()
+            seen[ids] = ()
+            return
+        if refs and all((a is None) if r is None else (r() is a)
+                        for r, a in zip(refs, arrays, strict=True)):
+            del seen[ids]
+            self._bind(ids, arrays, bind)
+            return
+        if refs:  # other objects under the same ids: temporaries
+            self.strikes += 1
+        seen[ids] = tuple(None if a is None else weakref.ref(a) for a in arrays)
+
+    def _bind(self, ids, arrays, bind):
+        size = sum(a.nbytes for a in arrays if a is not None)
+        if len(self.entries) >= REUSE_ENTRIES:
+            self.release()
+        if _held[0] + size > REUSE_BUDGET_BYTES:
+            return
+        call = bind()
+        if call is not None:
+            self.entries[ids] = (arrays, call, size)
+            _held[0] += size
 
     def release(self):
         """Forget the bound calls (and the arrays they hold)."""

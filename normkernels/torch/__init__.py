@@ -1,0 +1,42 @@
+"""normkernels for PyTorch (needs torch, the ``[torch]`` extra; imported only here).
+
+* ``normkernels.torch.replace_modules(model)``: swap every torch.nn BatchNorm,
+  InstanceNorm, GroupNorm, LayerNorm and RMSNorm of a model for normkernels' (same
+  parameters, buffers and ``state_dict``; :func:`restore_modules` undoes it).
+* The modules themselves (``BatchNorm2d``, ``LayerNorm``, ...) and the functions of
+  ``torch.nn.functional`` with the same signatures (``layer_norm``, ``batch_norm``, ...).
+* The custom operators under ``torch.ops.normkernels`` (``layer_norm``, ``rms_norm``,
+  ``group_norm``, ``instance_norm``, ``batch_norm_training``, ``batch_norm_inference``
+  and their backward operators): autograd, ``torch.compile`` and ``torch.export``
+  work through them.
+
+CPU tensors of float16, bfloat16, float32 and float64 are computed in place (NumPy
+views of their memory, channels_last included); outputs are allocated by torch in the
+input's memory format.
+"""
+
+from normkernels.torch.functional import (
+    batch_norm,
+    group_norm,
+    instance_norm,
+    layer_norm,
+    rms_norm,
+)
+from normkernels.torch.modules import (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    LayerNorm,
+    RMSNorm,
+    replace_modules,
+    restore_modules,
+)
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm", "InstanceNorm1d",
+           "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "RMSNorm", "batch_norm",
+           "group_norm", "instance_norm", "layer_norm", "replace_modules", "restore_modules",
+           "rms_norm"]

@@ -1,0 +1,138 @@
+"""Drop-in torch.nn normalization modules computed by normkernels.
+
+Each class subclasses torch.nn's own and overrides only ``forward``: the constructor
+arguments, parameters, buffers, ``state_dict`` keys and ``isinstance`` checks are
+torch's. :func:`replace_modules` therefore swaps a model's modules in place by
+changing their class (the parameter objects stay, and with them an optimizer's
+references). A forward that normkernels cannot run (a tensor off the CPU, a dtype
+other than float16, bfloat16, float32 and float64, parameters of another dtype than
+the input) runs torch's forward instead: the module stays correct wherever the model
+goes.
+"""
+
+import torch
+from torch import nn
+
+from normkernels.torch import functional as F
+from normkernels.torch.tensors import FLOATS
+
+
+def _ours(input, *params):
+    """Whether normkernels computes this call (else torch's forward does)."""
+    if input.device.type != "cpu" or input.dtype not in FLOATS:
+        return False
+    return all(p is None or (p.device.type == "cpu" and p.dtype == input.dtype)
+               for p in params)
+
+
+class _BatchNorm:
+    def forward(self, input):
+        if not _ours(input, self.weight, self.bias):
+            return super().forward(input)
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative moving average
+                factor = 1.0 / float(self.num_batches_tracked)
+        batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return F.batch_norm(input, self.running_mean if keep else None,
+                            self.running_var if keep else None, self.weight, self.bias,
+                            batch_stats, factor, self.eps)
+
+
+class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
+    """``torch.nn.BatchNorm1d`` computed by normkernels."""
+
+
+class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
+    """``torch.nn.BatchNorm2d`` computed by normkernels."""
+
+
+class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
+    """``torch.nn.BatchNorm3d`` computed by normkernels."""
+
+
+class _InstanceNorm:
+    def forward(self, input):
+        if self.track_running_stats or not _ours(input, self.weight, self.bias) \
+                or input.dim() != self._get_no_batch_dim() + 1:
+            return super().forward(input)
+        return F.instance_norm(input, weight=self.weight, bias=self.bias, eps=self.eps)
+
+
+class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
+    """``torch.nn.InstanceNorm1d`` computed by normkernels (``track_running_stats``
+    and unbatched input: torch's forward)."""
+
+
+class InstanceNorm2d(_InstanceNorm, nn.InstanceNorm2d):
+    """``torch.nn.InstanceNorm2d`` computed by normkernels."""
+
+
+class InstanceNorm3d(_InstanceNorm, nn.InstanceNorm3d):
+    """``torch.nn.InstanceNorm3d`` computed by normkernels."""
+
+
+class GroupNorm(nn.GroupNorm):
+    """``torch.nn.GroupNorm`` computed by normkernels."""
+
+    def forward(self, input):
+        if not _ours(input, self.weight, self.bias):
+            return super().forward(input)
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` computed by normkernels."""
+
+    def forward(self, input):
+        if not _ours(input, self.weight, self.bias):
+            return super().forward(input)
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by normkernels."""
+
+    def forward(self, input):
+        if not _ours(input, self.weight):
+            return super().forward(input)
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+
+SWAPS = {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d, nn.BatchNorm3d: BatchNorm3d,
+         nn.InstanceNorm1d: InstanceNorm1d, nn.InstanceNorm2d: InstanceNorm2d,
+         nn.InstanceNorm3d: InstanceNorm3d, nn.GroupNorm: GroupNorm, nn.LayerNorm: LayerNorm,
+         nn.RMSNorm: RMSNorm}
+
+
+def replace_modules(model):
+    """Swap every torch.nn normalization module of ``model`` (itself included) for
+    normkernels' in place, keeping its parameters, buffers and hooks; returns the
+    names of the swapped modules. Only exact torch.nn classes are swapped (a subclass
+    may override ``forward``); :func:`restore_modules` undoes it."""
+    swapped = []
+    for name, module in model.named_modules():
+        ours = SWAPS.get(type(module))
+        if ours is not None:
+            module.__class__ = ours
+            swapped.append(name)
+    return swapped
+
+
+def restore_modules(model):
+    """Give every normkernels module of ``model`` back its torch.nn class; returns the
+    names restored."""
+    back = {ours: theirs for theirs, ours in SWAPS.items()}
+    restored = []
+    for name, module in model.named_modules():
+        theirs = back.get(type(module))
+        if theirs is not None:
+            module.__class__ = theirs
+            restored.append(name)
+    return restored
+
+
+del torch

@@ -1,0 +1,59 @@
+"""Torch tensors as NumPy arrays over the same memory, and NumPy results as tensors.
+
+A CPU tensor's ``numpy()`` shares its memory (shape, strides and storage offset
+kept); bfloat16 has no NumPy dtype of its own, so its bytes are viewed as int16 and
+read as ``ml_dtypes.bfloat16`` (the dtype normkernels computes bfloat16 with).
+Nothing here copies: an output is allocated by torch and written through its view.
+"""
+
+import ml_dtypes
+import numpy as np
+import torch
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check(t, name):
+    """``t`` is a strided CPU tensor of a float dtype normkernels computes; else an
+    exception naming ``name`` and the rule."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: normkernels computes on the CPU; got a tensor on "
+                         f"{t.device} (move it with .cpu(), or use torch's module there)")
+    if t.layout != torch.strided:
+        raise ValueError(f"{name}: a dense (strided) tensor is required, got {t.layout}")
+    if t.dtype not in FLOATS:
+        raise TypeError(f"{name}: dtype must be float16, bfloat16, float32 or float64, got "
+                        f"{t.dtype}")
+
+
+def array(t, name):
+    """A checked CPU tensor as a NumPy array over its memory (no copy)."""
+    check(t, name)
+    t = t.detach()
+    if t.is_neg():  # a lazily negated view (torch's neg bit): make the values real
+        t = t.resolve_neg()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def optional(t, name):
+    return None if t is None else array(t, name)
+
+
+def tensor(a):
+    """A NumPy result as a tensor over the same memory."""
+    a = np.asarray(a)
+    if a.dtype == BFLOAT16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def numpy_dtype(dtype):
+    """The NumPy dtype of a torch float dtype."""
+    if dtype == torch.bfloat16:
+        return BFLOAT16
+    return torch.empty((), dtype=dtype).numpy().dtype

@@ -1,0 +1,297 @@
+"""normkernels.torch: the custom operators (opcheck, gradcheck, against torch's own
+functions in every dtype and memory format), the drop-in modules (same state, same
+forward and backward, running statistics), replace_modules on small networks trained
+side by side, torch.compile through the fakes, and the errors. Skipped without torch
+(``pip install torch==2.13.0``, a CPU build); .ci/run installs it."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (pip install torch==2.13.0)")
+
+import torch.nn.functional as TF  # noqa: E402
+from torch import nn  # noqa: E402
+
+import normkernels.torch as nt  # noqa: E402
+from normkernels.torch import ops, tensors  # noqa: E402
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+IDS = ["float32", "float64", "bfloat16", "float16"]
+# |ours - torch's| allowed, relative to the largest |value|: both round the same
+# float64-exact result, but torch computes 16-bit inputs' Y through float32 steps
+TOL = {torch.float32: 2e-5, torch.float64: 1e-12, torch.bfloat16: 2e-2, torch.float16: 3e-3}
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(0)
+
+
+def _close(got, want, dtype, what):
+    scale = max(1.0, want.detach().abs().max().item())
+    err = (got.detach().double() - want.detach().double()).abs().max().item()
+    assert err <= TOL[dtype] * scale * 4, f"{what}: max error {err:.3g} (scale {scale:.3g})"
+
+
+def _cases(gen, dtype):
+    """(name, ours, theirs, inputs): each normalization with weights and bias."""
+    def t(*shape, channels_last=False):
+        x = torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x.requires_grad_()
+    x4 = t(2, 6, 5, 7)
+    w6, b6 = t(6), t(6)
+    x3 = t(3, 5, 24)
+    w24, b24 = t(24), t(24)
+    rm, rv = torch.randn(6, generator=gen).to(dtype), torch.rand(6, generator=gen).to(dtype) + .5
+    return [
+        ("layer_norm", lambda x, w, b: nt.layer_norm(x, (24,), w, b),
+         lambda x, w, b: TF.layer_norm(x, (24,), w, b), (x3, w24, b24)),
+        ("layer_norm 2 axes", lambda x, w, b: nt.layer_norm(x, (5, 24), w, b),
+         lambda x, w, b: TF.layer_norm(x, (5, 24), w, b), (x3, t(5, 24), t(5, 24))),
+        ("rms_norm", lambda x, w: nt.rms_norm(x, (24,), w, 1e-5),
+         lambda x, w: TF.rms_norm(x, (24,), w, 1e-5), (x3, w24)),
+        ("group_norm", lambda x, w, b: nt.group_norm(x, 3, w, b),
+         lambda x, w, b: TF.group_norm(x, 3, w, b), (x4, w6, b6)),
+        ("group_norm channels_last", lambda x, w, b: nt.group_norm(x, 2, w, b),
+         lambda x, w, b: TF.group_norm(x, 2, w, b), (t(2, 6, 5, 7, channels_last=True), w6, b6)),
+        ("instance_norm", lambda x, w, b: nt.instance_norm(x, weight=w, bias=b),
+         lambda x, w, b: TF.instance_norm(x, weight=w, bias=b), (x4, w6, b6)),
+        ("batch_norm training", lambda x, w, b: nt.batch_norm(x, None, None, w, b, True),
+         lambda x, w, b: TF.batch_norm(x, None, None, w, b, True), (x4, w6, b6)),
+        ("batch_norm training channels_last",
+         lambda x, w, b: nt.batch_norm(x, None, None, w, b, True),
+         lambda x, w, b: TF.batch_norm(x, None, None, w, b, True),
+         (t(2, 6, 5, 7, channels_last=True), w6, b6)),
+        ("batch_norm eval", lambda x, w, b: nt.batch_norm(x, rm, rv, w, b, False),
+         lambda x, w, b: TF.batch_norm(x, rm, rv, w, b, False), (x4, w6, b6)),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_functions_match_torch_forward_and_backward(gen, dtype):
+    """Y and every gradient against torch's functions (a random dY; then y.sum(),
+    whose dY is an expanded tensor of stride 0); Y keeps X's memory format."""
+    for name, ours, theirs, inputs in _cases(gen, dtype):
+        y, want = ours(*inputs), theirs(*inputs)
+        assert y.dtype == want.dtype and y.shape == want.shape, name
+        assert y.stride() == inputs[0].stride(), f"{name}: Y's memory format"
+        _close(y, want, dtype, f"{name} Y")
+        dy = torch.randn(y.shape, generator=gen, dtype=torch.float64).to(dtype)
+        got = torch.autograd.grad(y, inputs, dy)
+        exp = torch.autograd.grad(want, inputs, dy)
+        for k, (g, e) in enumerate(zip(got, exp, strict=True)):
+            _close(g, e, dtype, f"{name} grad {k}")
+        got = torch.autograd.grad(ours(*inputs).float().sum(), inputs)
+        exp = torch.autograd.grad(theirs(*inputs).float().sum(), inputs)
+        for k, (g, e) in enumerate(zip(got, exp, strict=True)):
+            _close(g, e, dtype, f"{name} grad {k} of y.sum()")
+
+
+def test_gradcheck_float64(gen):
+    for name, ours, _, inputs in _cases(gen, torch.float64):
+        assert torch.autograd.gradcheck(ours, inputs, eps=1e-6, atol=1e-6), name
+
+
+def _sample_args(gen):
+    x4 = torch.randn(2, 6, 5, 7, generator=gen, requires_grad=True)
+    x3 = torch.randn(3, 5, 24, generator=gen, requires_grad=True)
+    w6, b6 = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    w24, b24 = torch.randn(24, generator=gen), torch.randn(24, generator=gen)
+    last = x4.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    return [
+        (ops.layer_norm, (x3, 1, w24.requires_grad_(), b24.requires_grad_(), 1e-5)),
+        (ops.layer_norm, (x3, 2, None, None, 1e-5)),
+        (ops.rms_norm, (x3, 1, w24, 1e-6)),
+        (ops.group_norm, (x4, 3, w6.requires_grad_(), b6.requires_grad_(), 1e-5)),
+        (ops.group_norm, (last, 2, None, None, 1e-5)),
+        (ops.instance_norm, (x4, w6, b6, 1e-5)),
+        (ops.batch_norm_training, (x4, w6, b6, 1e-5)),
+        (ops.batch_norm_training, (last, None, None, 1e-3)),
+        (ops.batch_norm_inference, (x4, w6, b6, torch.randn(6, generator=gen),
+                                    torch.rand(6, generator=gen) + 0.5, 1e-5)),
+    ]
+
+
+def test_opcheck_every_operator(gen):
+    """Schema, fake (shape and dtype), autograd registration and AOT dispatch."""
+    checked = set()
+    for op, args in _sample_args(gen):
+        torch.library.opcheck(op, args)
+        checked.add(op)
+    assert checked == set(ops.OPERATORS)
+
+
+def test_torch_compile_of_a_swapped_block_runs(gen):
+    """The fakes let torch.compile trace forward and backward (aot_eager: no C++
+    compiler needed) and give the eager results."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.GroupNorm(4, 8), nn.Flatten(), nn.LayerNorm(8 * 36))
+    nt.replace_modules(model)
+    x = torch.randn(4, 3, 6, 6, generator=gen)
+    model.eval()
+    eager = model(x)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager)
+    model.train()
+    compiled(x).square().sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_tensors_are_viewed_not_copied():
+    for dtype in DTYPES:
+        t = torch.arange(24, dtype=dtype).reshape(2, 3, 4)[:, 1:, ::2]
+        a = tensors.array(t, "x")
+        assert a.ctypes.data == t.data_ptr() and a.shape == tuple(t.shape)
+        assert a.strides == tuple(s * t.element_size() for s in t.stride())
+        np.testing.assert_array_equal(a.astype(np.float64), t.double().numpy())
+        back = tensors.tensor(a)
+        assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
+
+
+def test_errors_name_the_argument():
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(TypeError, match="input: dtype must be float16"):
+        nt.layer_norm(x.to(torch.complex64), (4,))
+    with pytest.raises(TypeError, match="input: dtype must be float16"):
+        nt.group_norm(torch.ones(2, 4, 3, dtype=torch.int32), 2)
+    with pytest.raises(ValueError, match="input: normkernels computes on the CPU"):
+        tensors.array(torch.empty(2, 3, device="meta"), "input")
+    with pytest.raises(ValueError, match="normalized_shape"):
+        nt.layer_norm(x, (3,))
+    with pytest.raises(ValueError, match="running statistics"):
+        nt.instance_norm(x, torch.zeros(3), torch.ones(3))
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        nt.batch_norm(torch.randn(1, 3), None, None, training=True)
+    with pytest.raises(ValueError, match="num_groups"):
+        nt.group_norm(torch.randn(2, 6, 4), 4)
+
+
+def test_double_backward_is_an_error_not_zeros():
+    x = torch.randn(3, 8, requires_grad=True)
+    (g,) = torch.autograd.grad(nt.layer_norm(x, (8,)).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(g.sum(), x)
+
+
+MODULES = [
+    (nn.BatchNorm1d, nt.BatchNorm1d, dict(num_features=6), (8, 6, 5)),
+    (nn.BatchNorm2d, nt.BatchNorm2d, dict(num_features=6, momentum=None), (4, 6, 3, 5)),
+    (nn.BatchNorm3d, nt.BatchNorm3d, dict(num_features=6, affine=False), (2, 6, 3, 2, 5)),
+    (nn.BatchNorm2d, nt.BatchNorm2d, dict(num_features=6, track_running_stats=False),
+     (4, 6, 3, 5)),
+    (nn.InstanceNorm1d, nt.InstanceNorm1d, dict(num_features=6, affine=True), (4, 6, 9)),
+    (nn.InstanceNorm2d, nt.InstanceNorm2d, dict(num_features=6), (4, 6, 3, 5)),
+    (nn.InstanceNorm3d, nt.InstanceNorm3d, dict(num_features=6, affine=True), (2, 6, 3, 2, 5)),
+    (nn.GroupNorm, nt.GroupNorm, dict(num_groups=3, num_channels=6), (4, 6, 3, 5)),
+    (nn.GroupNorm, nt.GroupNorm, dict(num_groups=2, num_channels=6, affine=False), (4, 6, 7)),
+    (nn.LayerNorm, nt.LayerNorm, dict(normalized_shape=(5, 6)), (4, 5, 6)),
+    (nn.LayerNorm, nt.LayerNorm, dict(normalized_shape=6, bias=False), (4, 5, 6)),
+    (nn.RMSNorm, nt.RMSNorm, dict(normalized_shape=6), (4, 5, 6)),
+    (nn.RMSNorm, nt.RMSNorm, dict(normalized_shape=6, eps=1e-6, elementwise_affine=False),
+     (4, 5, 6)),
+]
+
+
+@pytest.mark.parametrize("theirs,ours,kwargs,shape", MODULES,
+                         ids=[f"{m[0].__name__}-{i}" for i, m in enumerate(MODULES)])
+def test_modules_match_torch_over_steps(gen, theirs, ours, kwargs, shape):
+    """Same state_dict keys (loaded both ways); three training steps then eval: Y,
+    every parameter's gradient and every buffer (running statistics, batches) alike."""
+    a = theirs(**kwargs)
+    b = ours(**kwargs)
+    assert list(a.state_dict()) == list(b.state_dict())
+    with torch.no_grad():
+        for p in a.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen))
+    b.load_state_dict(a.state_dict())
+    a.load_state_dict(b.state_dict())
+    for step in range(4):
+        if step == 3:
+            a.eval()
+            b.eval()
+        x = torch.randn(shape, generator=gen)
+        ya, yb = a(x.requires_grad_()), b(x)
+        _close(yb, ya, torch.float32, f"step {step} Y")
+        dy = torch.randn(ya.shape, generator=gen)
+        for m, y in ((a, ya), (b, yb)):
+            m.zero_grad()
+            y.backward(dy)
+        for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
+            _close(pb.grad, pa.grad, torch.float32, f"step {step} d{name}")
+        for (name, ba), bb in zip(a.named_buffers(), b.buffers(), strict=True):
+            if ba.dtype.is_floating_point:
+                _close(bb, ba, torch.float32, f"step {step} {name}")
+            else:
+                assert torch.equal(ba, bb), name
+
+
+def _resnet_block():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4))
+
+
+def _encoder_block():
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.norm = nn.RMSNorm(16)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.norm(self.layer(x)).mean(1))
+    return Block()
+
+
+@pytest.mark.parametrize("build,shape", [(_resnet_block, (8, 3, 8, 8)),
+                                         (_encoder_block, (4, 10, 16))],
+                         ids=["resnet-block", "encoder-block"])
+def test_swapped_networks_train_like_torch(build, shape):
+    """20 SGD steps of a network and of its copy with every normalization swapped:
+    the same losses within float32 tolerance, and the same parameters after."""
+    torch.manual_seed(0)
+    theirs = build()
+    ours = build()
+    ours.load_state_dict(theirs.state_dict())
+    swapped = nt.replace_modules(ours)
+    assert swapped and all(type(m).__module__ == "normkernels.torch.modules"
+                           for n, m in ours.named_modules() if n in swapped)
+    if build is _encoder_block:  # the fast path of the encoder layer skips norm modules
+        theirs.layer.norm_first = ours.layer.norm_first = False
+    gen = torch.Generator().manual_seed(1)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (theirs, ours)]
+    for step in range(20):
+        x = torch.randn(shape, generator=gen)
+        target = torch.randint(0, 4, (shape[0],), generator=gen)
+        losses = []
+        for model, opt in zip((theirs, ours), opts, strict=True):
+            opt.zero_grad()
+            loss = TF.cross_entropy(model(x), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert abs(losses[0] - losses[1]) <= 1e-4 * max(1.0, abs(losses[0])), (step, losses)
+    for pa, pb in zip(theirs.parameters(), ours.parameters(), strict=True):
+        torch.testing.assert_close(pb, pa, rtol=1e-3, atol=1e-4)
+    assert nt.restore_modules(ours) == swapped
+
+
+def test_modules_fall_back_to_torch_where_normkernels_cannot_run(gen):
+    """Parameters of another dtype than the input (autocast's mixed case): torch's
+    forward, the same result as the torch module's."""
+    a, b = nn.LayerNorm(8), nt.LayerNorm(8)
+    x = torch.randn(3, 8, generator=gen).to(torch.bfloat16)
+    torch.testing.assert_close(b(x), a(x))
+
+
+def test_rms_norm_default_epsilon_is_torchs(gen):
+    """``eps=None``: the machine epsilon of the input's dtype, as torch's rule; rows
+    of magnitude 1e-3 make epsilon a visible part of the mean square."""
+    for dtype in (torch.float32, torch.float64):
+        x = (1e-3 * torch.randn(4, 16, generator=gen, dtype=torch.float64)).to(dtype)
+        _close(nt.rms_norm(x, (16,)), TF.rms_norm(x, (16,)), dtype, str(dtype))
+        m = nt.RMSNorm(16)
+        _close(m(x.float()), nn.RMSNorm(16)(x.float()), torch.float32, "module")
