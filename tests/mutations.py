@@ -226,20 +226,32 @@ MUTATIONS = [
              ["tests/test_torch.py", "-k", "modules_match"]),
     mutation("torch-ln-grads-swapped", "normkernels.torch's LayerNorm returns dbias as "
              "dweight", [
-                 ("normkernels/torch/ops.py", "return (dx, None, None if weight is None else dw, "
-                  "db if ctx.has_bias else None, None)",
-                  "return (dx, None, None if weight is None else db, "
-                  "dw if ctx.has_bias else None, None)")],
+                 ("normkernels/torch/eager.py", "ctx.n)\n        return dx, _keep(dw, w is not "
+                  "None), _keep(db, ctx.has_bias), None, None",
+                  "ctx.n)\n        return dx, _keep(db, w is not None), _keep(dw, ctx.has_bias), "
+                  "None, None")],
              ["tests/test_torch.py", "-k", "functions_match"]),
+    mutation("torch-op-ln-grads-swapped", "the LayerNorm custom operator's autograd returns "
+             "dbias as dweight", [
+                 ("normkernels/torch/ops.py", "ctx.n)\n    return dx, None, _keep(dw, w is not "
+                  "None), _keep(db, ctx.has_bias), None",
+                  "ctx.n)\n    return dx, None, _keep(db, w is not None), _keep(dw, "
+                  "ctx.has_bias), None")],
+             ["tests/test_torch.py", "-k", "eager_routes or opcheck"]),
     mutation("torch-rms-eps", "normkernels.torch's rms_norm takes 1e-6 for eps=None", [
-                 ("normkernels/torch/functional.py", "eps = torch.finfo(input.dtype).eps",
-                  "eps = 1e-6")],
+                 ("normkernels/torch/functional.py",
+                  "eps = float(torch.finfo(input.dtype).eps if eps is None else eps)",
+                  "eps = float(1e-6 if eps is None else eps)")],
              ["tests/test_torch.py", "-k", "rms_norm_default"]),
     mutation("torch-bn-eval-grad-training", "normkernels.torch's eval-mode BatchNorm "
              "backward differentiates through the batch statistics", [
-                 ("normkernels/torch/ops.py",
-                  "batch_norm_backward(dy, x, weight, mean, var, ctx.eps, False)",
-                  "batch_norm_backward(dy, x, weight, mean, var, ctx.eps, True)")],
+                 ("normkernels/torch/eager.py",
+                  "batch_norm_backward_impl(dy, x, w, mean, var, ctx.eps, False)",
+                  "batch_norm_backward_impl(dy, x, w, mean, var, ctx.eps, True)")],
+             ["tests/test_torch.py", "-k", "functions_match"]),
+    mutation("torch-eager-no-autograd", "normkernels.torch's eager calls drop autograd",
+             [("normkernels/torch/eager.py",
+               "return GRAD if grad and torch.is_grad_enabled() else PLAIN", "return PLAIN")],
              ["tests/test_torch.py", "-k", "functions_match"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [

@@ -295,3 +295,31 @@ def test_rms_norm_default_epsilon_is_torchs(gen):
         _close(nt.rms_norm(x, (16,)), TF.rms_norm(x, (16,)), dtype, str(dtype))
         m = nt.RMSNorm(16)
         _close(m(x.float()), nn.RMSNorm(16)(x.float()), torch.float32, "module")
+
+
+class _Passing(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_eager_routes_and_the_operators_agree_bit_for_bit(gen, dtype):
+    """The eager calls skip the dispatcher (normkernels/torch/eager.py): without grad
+    (the function alone), with grad (an autograd.Function), and the custom operator
+    (what compile and export trace) give the same Y and gradients, bit for bit."""
+    from normkernels.torch import eager
+
+    for name, ours, _, inputs in _cases(gen, dtype):
+        assert eager.route(*inputs) == eager.GRAD
+        y = ours(*inputs)
+        grads = torch.autograd.grad(y, inputs, torch.ones_like(y))
+        with torch.no_grad():
+            assert eager.route(*inputs) == eager.PLAIN
+            plain = ours(*inputs)
+        with _Passing():  # any mode: the operators
+            assert eager.route(*inputs) == eager.OP
+            y_op = ours(*inputs)
+        grads_op = torch.autograd.grad(y_op, inputs, torch.ones_like(y_op))
+        assert torch.equal(plain, y) and torch.equal(y_op, y), name
+        for g, h in zip(grads, grads_op, strict=True):
+            assert torch.equal(g, h), name

@@ -106,7 +106,8 @@ def cmd_bench(args):
     if args.threads:
         numba.set_num_threads(args.threads)
     try:
-        chosen = [] if args.sweep or args.suite == "networks" else _workloads(args)
+        chosen = ([] if args.sweep or args.suite == "networks" or args.via == "torch"
+                  else _workloads(args))
     except ValueError as exc:
         print(f"normkernels bench: {exc}", file=sys.stderr)
         return 2
@@ -119,6 +120,10 @@ def cmd_bench(args):
     threads = numba.get_num_threads()
     if args.sweep:
         return sweep.command(args, peers, threads)
+    if args.via == "torch":
+        from normkernels.bench import via_torch
+
+        return via_torch.command(args)
     if args.suite == "networks":
         return networks.command(args, peers, threads)
     repeat = args.repeat or (3 if args.quick else 10)
@@ -338,6 +343,10 @@ def main(argv=None):
                             "normalization layers of whole networks, back to back")
     bench.add_argument("--network", action="append", choices=list(networks.NETWORKS),
                        help="with --suite networks: one network (repeatable; default all)")
+    bench.add_argument("--via", choices=["torch"],
+                       help="torch: normkernels.torch's modules against torch.nn's, layer "
+                            "after layer (forward + backward, and inference); --network "
+                            "narrows it")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")
     bench.add_argument("--op", choices=list(OPERATORS),

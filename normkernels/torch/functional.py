@@ -1,8 +1,13 @@
-"""torch.nn.functional's normalizations computed by normkernels (same signatures)."""
+"""torch.nn.functional's normalizations computed by normkernels (same signatures).
+
+Each call goes by :func:`eager.route`: the custom operator where the dispatcher must
+see it (compiling, modes, tensor subclasses), else the function directly, under an
+autograd.Function when a gradient is wanted."""
 
 import torch
 
-from normkernels.torch import ops
+from normkernels.torch import eager, ops
+from normkernels.torch.eager import GRAD, OP
 
 
 def _normalized_ndim(input, normalized_shape):
@@ -16,24 +21,39 @@ def _normalized_ndim(input, normalized_shape):
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """As ``torch.nn.functional.layer_norm``."""
-    return ops.layer_norm(input, _normalized_ndim(input, normalized_shape), weight, bias,
-                          float(eps))[0]
+    n, eps = _normalized_ndim(input, normalized_shape), float(eps)
+    path = eager.route(input, weight, bias)
+    if path == OP:
+        return ops.layer_norm(input, n, weight, bias, eps)[0]
+    if path == GRAD:
+        return eager.LayerNorm.apply(input, weight, bias, n, eps)
+    return ops.layer_norm_y(input, n, weight, bias, eps)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """As ``torch.nn.functional.rms_norm``; ``eps=None``: the machine epsilon of input's
     dtype (torch's rule)."""
     n = _normalized_ndim(input, normalized_shape)
-    if eps is None:
-        eps = torch.finfo(input.dtype).eps
-    return ops.rms_norm(input, n, weight, float(eps))[0]
+    eps = float(torch.finfo(input.dtype).eps if eps is None else eps)
+    path = eager.route(input, weight)
+    if path == OP:
+        return ops.rms_norm(input, n, weight, eps)[0]
+    if path == GRAD:
+        return eager.RMSNorm.apply(input, weight, n, eps)
+    return ops.rms_norm_y(input, n, weight, eps)
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """As ``torch.nn.functional.group_norm``."""
     if input.dim() < 2:
         raise ValueError(f"input must be (N, C, *), got shape {tuple(input.shape)}")
-    return ops.group_norm(input, int(num_groups), weight, bias, float(eps))
+    groups, eps = int(num_groups), float(eps)
+    path = eager.route(input, weight, bias)
+    if path == OP:
+        return ops.group_norm(input, groups, weight, bias, eps)
+    if path == GRAD:
+        return eager.GroupNorm.apply(input, weight, bias, groups, eps)
+    return ops.group_norm_impl(input, groups, weight, bias, eps)
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None,
@@ -46,7 +66,13 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if input.dim() < 3:
         raise ValueError(f"input must be (N, C, L, ...) with at least one spatial "
                          f"dimension, got shape {tuple(input.shape)}")
-    return ops.instance_norm(input, weight, bias, float(eps))
+    eps = float(eps)
+    path = eager.route(input, weight, bias)
+    if path == OP:
+        return ops.instance_norm(input, weight, bias, eps)
+    if path == GRAD:
+        return eager.InstanceNorm.apply(input, weight, bias, eps)
+    return ops.instance_norm_impl(input, weight, bias, eps)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
@@ -56,17 +82,29 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     momentum * batch``, the unbiased batch variance), else the running statistics."""
     if input.dim() < 2:
         raise ValueError(f"input must be (N, C, *), got shape {tuple(input.shape)}")
+    eps = float(eps)
     if not training:
         if running_mean is None or running_var is None:
             raise ValueError("batch_norm: running_mean and running_var are required when "
                              "not training")
-        return ops.batch_norm_inference(input, weight, bias, running_mean, running_var,
-                                        float(eps))
+        path = eager.route(input, weight, bias, running_mean, running_var)
+        if path == OP:
+            return ops.batch_norm_inference(input, weight, bias, running_mean, running_var, eps)
+        if path == GRAD:
+            return eager.BatchNormInference.apply(input, weight, bias, running_mean,
+                                                  running_var, eps)
+        return ops.batch_norm_inference_impl(input, weight, bias, running_mean, running_var, eps)
     count = input.numel() // input.shape[1]
     if count <= 1:
         raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "
                          f"got input of shape {tuple(input.shape)}")
-    y, mean, var = ops.batch_norm_training(input, weight, bias, float(eps))
+    path = eager.route(input, weight, bias)
+    if path == OP:
+        y, mean, var = ops.batch_norm_training(input, weight, bias, eps)
+    elif path == GRAD:
+        y, mean, var = eager.BatchNormTraining.apply(input, weight, bias, eps)
+    else:
+        y, mean, var = ops.batch_norm_training_impl(input, weight, bias, eps)
     if running_mean is not None or running_var is not None:
         with torch.no_grad():
             if running_mean is not None:

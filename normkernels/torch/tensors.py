@@ -31,13 +31,22 @@ def check(t, name):
 
 def array(t, name):
     """A checked CPU tensor as a NumPy array over its memory (no copy)."""
-    check(t, name)
-    t = t.detach()
+    if type(t) not in _PLAIN or not t.is_cpu or t.dtype not in _VIEWED \
+            or t.layout is not _STRIDED:
+        check(t, name)  # raises where the fast test above fails for a reason
+    if t.requires_grad:
+        t = t.detach()
     if t.is_neg():  # a lazily negated view (torch's neg bit): make the values real
         t = t.resolve_neg()
-    if t.dtype == torch.bfloat16:
+    if t.dtype is _BF16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_VIEWED = frozenset(FLOATS)
+_STRIDED = torch.strided
+_BF16 = torch.bfloat16
 
 
 def optional(t, name):

@@ -1,0 +1,136 @@
+"""Eager calls without torch's dispatcher: the same functions as the custom operators
+(``ops.py``), called directly, with autograd by ``torch.autograd.Function``.
+
+Why: a custom operator's Python dispatch costs about 25 us a call, five times the
+whole normalization of a small tensor. Where the dispatcher must see the call (inside
+``torch.compile`` or ``torch.export``, under a torch function or dispatch mode, or
+with tensors of a subclass: FakeTensor, FunctionalTensor, ...) the operators run
+instead (:func:`route`).
+"""
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from normkernels.torch import ops
+
+OP, PLAIN, GRAD = "op", "plain", "grad"
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_function_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_compiling = torch.compiler.is_compiling
+
+
+def route(*tensors):
+    """OP (the custom operator), PLAIN (no gradient: the function alone) or GRAD (an
+    autograd.Function over the functions)."""
+    if _compiling() or _function_mode() or _dispatch_modes():
+        return OP
+    grad = False
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _TENSORS:
+            return OP
+        grad = grad or t.requires_grad
+    return GRAD if grad and torch.is_grad_enabled() else PLAIN
+
+
+def _keep(grad, wanted):
+    return grad if wanted else None
+
+
+class LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, n, eps):
+        y, mean, rstd = ops.layer_norm_impl(x, n, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.n, ctx.has_bias = n, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, ctx.n)
+        return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None, None
+
+
+class RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, n, eps):
+        y, rstd = ops.rms_norm_impl(x, n, weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.n = n
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w, rstd = ctx.saved_tensors
+        dx, dw = ops.rms_norm_backward_impl(dy, x, w, rstd, ctx.n)
+        return dx, _keep(dw, w is not None), None, None
+
+
+class GroupNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.groups, ctx.eps, ctx.has_bias = groups, eps, bias is not None
+        return ops.group_norm_impl(x, groups, weight, bias, eps)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx, dw, db = ops.group_norm_backward_impl(dy, x, w, ctx.groups, ctx.eps)
+        return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None, None
+
+
+class InstanceNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        ctx.save_for_backward(x, weight)
+        ctx.eps, ctx.has_bias = eps, bias is not None
+        return ops.instance_norm_impl(x, weight, bias, eps)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx, dw, db = ops.instance_norm_backward_impl(dy, x, w, ctx.eps)
+        return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None
+
+
+class BatchNormTraining(torch.autograd.Function):
+    """``(y, mean, var)``: the statistics are outputs (for the running update), not
+    differentiable."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, var = ops.batch_norm_training_impl(x, weight, bias, eps)
+        ctx.mark_non_differentiable(mean, var)
+        ctx.save_for_backward(x, weight, mean, var)
+        ctx.eps, ctx.has_bias = eps, bias is not None
+        return y, mean, var
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy, dmean, dvar):
+        x, w, mean, var = ctx.saved_tensors
+        dx, dw, db = ops.batch_norm_backward_impl(dy, x, w, mean, var, ctx.eps, True)
+        return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None
+
+
+class BatchNormInference(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, eps):
+        ctx.save_for_backward(x, weight, running_mean, running_var)
+        ctx.eps, ctx.has_bias = eps, bias is not None
+        return ops.batch_norm_inference_impl(x, weight, bias, running_mean, running_var, eps)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w, mean, var = ctx.saved_tensors
+        dx, dw, db = ops.batch_norm_backward_impl(dy, x, w, mean, var, ctx.eps, False)
+        return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None, None, None
