@@ -323,3 +323,26 @@ def test_eager_routes_and_the_operators_agree_bit_for_bit(gen, dtype):
         assert torch.equal(plain, y) and torch.equal(y_op, y), name
         for g, h in zip(grads, grads_op, strict=True):
             assert torch.equal(g, h), name
+
+
+def test_numpy_functions_read_dlpack_tensors_in_place(gen):
+    """The public functions take any array with ``__dlpack__`` (a torch tensor here)
+    without a copy, bfloat16 too, and return NumPy arrays; a tensor that requires
+    grad is an error naming the argument."""
+    import normkernels as nk
+    from normkernels.ops import common
+
+    for dtype in DTYPES:
+        t = torch.randn(4, 6, 8, generator=gen).to(dtype)
+        a = common.as_array("X", t)
+        assert a.ctypes.data == t.data_ptr() and a.shape == (4, 6, 8)
+        s = torch.ones(8, dtype=dtype)
+        got = nk.layer_normalization(t, s)
+        assert isinstance(got, np.ndarray)
+        want = nk.layer_normalization(tensors.array(t, "X"), tensors.array(s, "s"))
+        np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+    with pytest.raises(TypeError, match="X: .*grad"):
+        nk.layer_normalization(torch.randn(2, 8, requires_grad=True), np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="X: .*grad"):
+        nk.layer_normalization(torch.randn(2, 8, requires_grad=True).to(torch.bfloat16),
+                               np.ones(8, tensors.BFLOAT16))

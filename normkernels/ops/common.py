@@ -9,6 +9,7 @@ identical arguments.
 import functools
 import math
 import numbers
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,6 +110,8 @@ def as_array(name, value):
     in non-native byte order is converted to native order (a copy; the kernels read
     native numbers)."""
     if not isinstance(value, np.ndarray):
+        if hasattr(value, "__dlpack__"):
+            return _from_dlpack(name, value)
         try:
             value = np.asarray(value)
         except Exception as exc:
@@ -116,6 +119,30 @@ def as_array(name, value):
     if not value.dtype.isnative:
         return value.astype(value.dtype.newbyteorder("="))
     return value
+
+
+def _from_dlpack(name, value):
+    """An array with ``__dlpack__`` (a torch tensor, a JAX CPU array) viewed as an
+    ndarray over its memory (no copy). bfloat16 has no NumPy dtype for DLPack to
+    give: a torch tensor of it is viewed through int16 as ``ml_dtypes.bfloat16``."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16:
+        if value.requires_grad:
+            raise TypeError(f"{name}: a tensor that requires grad cannot be read in place "
+                            "(pass tensor.detach(), or use normkernels.torch for autograd)")
+        if value.device.type != "cpu":
+            raise TypeError(f"{name}: normkernels computes on the CPU; got a tensor on "
+                            f"{value.device}")
+        return value.view(torch.int16).numpy().view(BFLOAT16)
+    try:
+        array = np.from_dlpack(value)
+    except (BufferError, RuntimeError, TypeError, ValueError) as exc:
+        raise TypeError(f"{name}: cannot be read through DLPack without a copy ({exc}); "
+                        "pass a CPU array (detached, for a torch tensor that requires "
+                        "grad)") from None
+    if not array.dtype.isnative:
+        return array.astype(array.dtype.newbyteorder("="))
+    return array
 
 
 def check_dtype(op, name, arr, allowed):
