@@ -341,8 +341,8 @@ def test_numpy_functions_read_dlpack_tensors_in_place(gen):
         assert isinstance(got, np.ndarray)
         want = nk.layer_normalization(tensors.array(t, "X"), tensors.array(s, "s"))
         np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
-    with pytest.raises(TypeError, match="X: .*grad"):
+    with pytest.raises(TypeError, match=r"X: .*grad"):
         nk.layer_normalization(torch.randn(2, 8, requires_grad=True), np.ones(8, np.float32))
-    with pytest.raises(TypeError, match="X: .*grad"):
+    with pytest.raises(TypeError, match=r"X: .*grad"):
         nk.layer_normalization(torch.randn(2, 8, requires_grad=True).to(torch.bfloat16),
                                np.ones(8, tensors.BFLOAT16))
