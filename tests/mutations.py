@@ -253,6 +253,11 @@ MUTATIONS = [
              [("normkernels/torch/eager.py",
                "return GRAD if grad and torch.is_grad_enabled() else PLAIN", "return PLAIN")],
              ["tests/test_torch.py", "-k", "functions_match"]),
+    mutation("numba-row-inv-std", "normkernels.numba.layer_norm_row returns the variance "
+             "for the inverse standard deviation", [
+                 ("normkernels/numba.py", "return mean[0], 1.0 / np.sqrt(var[0] + epsilon)",
+                  "return mean[0], var[0]")],
+             ["tests/test_numba_api.py"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [
                  (PLANS, "entry = entries.get(tuple(map(id, arrays)))",

@@ -11,7 +11,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "normkernels"
-INTEGRATIONS = {"normkernels.onnx", "normkernels.dask", "normkernels.torch"}
+INTEGRATIONS = {"normkernels.onnx", "normkernels.dask", "normkernels.torch",
+                "normkernels.numba"}
 TOOLS_PREFIX = "normkernels.bench"
 ENTRY = {"normkernels", "normkernels.__main__"}  # lazy names and `python -m normkernels`
 
