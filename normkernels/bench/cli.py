@@ -125,6 +125,11 @@ def cmd_bench(args):
 
         return via_torch.command(args)
     if args.suite == "networks":
+        steps = [n for n in args.network or () if n not in networks.NETWORKS]
+        if steps:
+            print(f"normkernels bench: {', '.join(steps)}: training steps run with --via torch",
+                  file=sys.stderr)
+            return 2
         return networks.command(args, peers, threads)
     repeat = args.repeat or (3 if args.quick else 10)
     caches = (f"{args.cache} caches" if args.cache else
@@ -341,7 +346,8 @@ def main(argv=None):
     bench.add_argument("--suite", choices=[*workloads.SUITES, "networks"],
                        help="a set of workloads (default: default); networks: the "
                             "normalization layers of whole networks, back to back")
-    bench.add_argument("--network", action="append", choices=list(networks.NETWORKS),
+    bench.add_argument("--network", action="append",
+                       choices=[*networks.NETWORKS, "resnet50-b32-step", "bert-b8-step"],
                        help="with --suite networks: one network (repeatable; default all)")
     bench.add_argument("--via", choices=["torch"],
                        help="torch: normkernels.torch's modules against torch.nn's, layer "

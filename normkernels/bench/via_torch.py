@@ -183,6 +183,55 @@ def tiny_calls(repeat=7, number=2000):
     return rows
 
 
+STEPS = {"resnet50-b32-step": ("ResNet-50 batch 32, 224x224 (53 BN)", "resnet50-b32-ncx"),
+         "bert-b8-step": ("BERT-base batch 8, seq 128 (25 LN)", "bert-b8")}
+
+
+def training_step(name, steps=3, threads=None):
+    """Median seconds of an SGD training step of a whole model with torch's modules
+    and with them swapped (alternating), the normalization layers' forward + backward
+    pass of the same shapes (:func:`time_network`), and their share of each step."""
+    import torch
+
+    import normkernels.torch as nt
+    from normkernels.bench import torch_models
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    if name.startswith("resnet50"):
+        theirs = torch_models.resnet50()
+        data = (torch.randn(32, 3, 224, 224), torch.randint(0, 1000, (32,)))
+    else:
+        theirs = torch_models.bert_base()
+        data = (torch.randint(0, 30522, (8, 128)), torch.randint(0, 2, (8,)))
+    ours = copy.deepcopy(theirs)
+    nt.replace_modules(ours)
+    models = {"torch": theirs, "normkernels": ours}
+    opts = {k: torch.optim.SGD(m.parameters(), lr=1e-3) for k, m in models.items()}
+
+    def step(k):
+        opts[k].zero_grad()
+        loss = torch.nn.functional.cross_entropy(models[k](data[0]), data[1])
+        loss.backward()
+        opts[k].step()
+        return loss.item()
+
+    times = {k: [] for k in models}
+    losses = {k: step(k) for k in models}  # warm-up (and the first losses, compared)
+    for r in range(steps):
+        for k in (list(models) if r % 2 == 0 else list(models)[::-1]):
+            t0 = time.perf_counter()
+            step(k)
+            times[k].append(time.perf_counter() - t0)
+    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    title, layers_name = STEPS[name]
+    layers_ = time_network(layers_name, True, repeat=5, threads=threads)["ms"]
+    return {"network": name, "title": title, "step_ms": ms, "norm_ms": layers_,
+            "share": {k: layers_[k] / ms[k] for k in ms}, "first_losses": losses,
+            "speedup": ms["torch"] / ms["normkernels"]}
+
+
 def command(args):
     """The ``--via torch`` run (``args.network`` narrows it)."""
     try:
@@ -206,6 +255,23 @@ def command(args):
     for r in results:
         lines.append(f"| {r['title']} | {r['mode']} | {r['ms']['torch']:.3g} | "
                      f"{r['ms']['normkernels']:.3g} | {r['ratio']:.2f} |")
+    step_rows = []
+    for name in STEPS:
+        if wanted and name not in wanted:
+            continue
+        r = training_step(name, threads=args.threads)
+        step_rows.append(r)
+        print(f"{r['title']:<40} step torch {r['step_ms']['torch']:.0f} ms, swapped "
+              f"{r['step_ms']['normkernels']:.0f} ms; norms {r['share']['torch']:.0%} -> "
+              f"{r['share']['normkernels']:.0%} of the step", flush=True)
+    if step_rows:
+        lines += ["", "| training step (SGD) | step, torch's modules ms | step, swapped ms | "
+                  "norm layers' share, torch | norm layers' share, swapped | step speedup |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in step_rows:
+            lines.append(f"| {r['title']} | {r['step_ms']['torch']:.0f} | "
+                         f"{r['step_ms']['normkernels']:.0f} | {r['share']['torch']:.0%} | "
+                         f"{r['share']['normkernels']:.0%} | {r['speedup']:.2f} |")
     tiny = tiny_calls()
     lines += ["", "| per call, us | " + " | ".join(tiny[0][1]) + " |",
               "|---|" + "---:|" * len(tiny[0][1])]
@@ -220,5 +286,5 @@ def command(args):
         import json
 
         with open(args.json, "w") as f:
-            json.dump({"networks": results, "tiny": tiny}, f, indent=1)
+            json.dump({"networks": results, "steps": step_rows, "tiny": tiny}, f, indent=1)
     return 0
