@@ -258,6 +258,12 @@ MUTATIONS = [
                  ("normkernels/numba.py", "return mean[0], 1.0 / np.sqrt(var[0] + epsilon)",
                   "return mean[0], var[0]")],
              ["tests/test_numba_api.py"]),
+    mutation("torch-direct-stale-view", "normkernels.torch's direct route keeps a "
+             "parameter's view after the tensor gets new memory", [
+                 ("normkernels/torch/direct.py",
+                  "if kept is not None and kept[0]() is t and kept[1] == t.data_ptr():",
+                  "if kept is not None and kept[0]() is t:")],
+             ["tests/test_torch.py", "-k", "direct_route"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [
                  (PLANS, "entry = entries.get(tuple(map(id, arrays)))",

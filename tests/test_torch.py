@@ -346,3 +346,48 @@ def test_numpy_functions_read_dlpack_tensors_in_place(gen):
     with pytest.raises(TypeError, match=r"X: .*grad"):
         nk.layer_normalization(torch.randn(2, 8, requires_grad=True).to(torch.bfloat16),
                                np.ones(8, tensors.BFLOAT16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
+def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, dtype):
+    """Without gradients, later calls with known metadata run the serial kernel on
+    views (normkernels/torch/direct.py): new values in x, weights changed in place,
+    weights given new memory (``.data =``), another x of the same shape but other
+    strides: every result bit for bit the custom operator's (which never takes that
+    route)."""
+    from normkernels.torch import direct
+
+    direct.clear()
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+    ln, rms, bn = nn.LayerNorm(24).to(dtype), nn.RMSNorm(24, eps=1e-5).to(dtype), \
+        nn.BatchNorm2d(6).to(dtype).eval()
+    with torch.no_grad():
+        for p in [*ln.parameters(), *rms.parameters(), *bn.parameters()]:
+            p.copy_(torch.randn(p.shape, generator=gen))
+        bn.running_var.add_(1.5)
+    calls = [
+        (lambda x: nt.layer_norm(x, (24,), ln.weight, ln.bias),
+         lambda x: ops.layer_norm(x, 1, ln.weight, ln.bias, 1e-5)[0], (3, 5, 24), ln),
+        (lambda x: nt.rms_norm(x, (24,), rms.weight, 1e-5),
+         lambda x: ops.rms_norm(x, 1, rms.weight, 1e-5)[0], (3, 5, 24), rms),
+        (lambda x: nt.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias),
+         lambda x: ops.batch_norm_inference(x, bn.weight, bn.bias, bn.running_mean,
+                                            bn.running_var, 1e-5), (2, 6, 4, 5), bn),
+    ]
+    with torch.no_grad():
+        for ours, op, shape, module in calls:
+            for step in range(6):
+                x = r(*shape)
+                if step == 2:
+                    module.weight.mul_(-1.5)  # in place
+                if step == 3:
+                    module.weight.data = r(*module.weight.shape)  # new memory
+                if step == 4:
+                    x = r(*shape[:-1], 2 * shape[-1])[..., ::2]  # other strides
+                got, want = ours(x), op(x)
+                assert got.dtype == x.dtype and got.shape == x.shape
+                assert torch.equal(got, want), (shape, step)
+    assert direct._prepared, "the direct route was never prepared"

@@ -86,3 +86,36 @@ class BoundCalls:
                        mean, var, skip_p, bias_t, none)
 
         return parallel_call
+
+    # --- direct calls: the serial kernel for arrays given at each call (an adapter that
+    # has checked their metadata once, and allocates its outputs fresh) ---
+
+    def direct_rows(self, M, K, storage, centered):
+        """``run(xs, ys, scale, B, epsilon)`` over flat C-contiguous arrays of ``M`` rows
+        of ``K`` in the ``storage`` dtype (``B`` empty: none), one compiled serial call;
+        None above the serial size (the engine call then decides the path)."""
+        if M * K > policy.SERIAL_MAX_ELEMENTS or M * K == 0:
+            return None
+        kernel = rows.rows_serial if centered else rows.rms_rows_serial
+        none = nothing(storage)
+
+        def run(xs, ys, scale, B, epsilon):
+            kernel(xs, K, ys, K, K, scale, B, epsilon, np.empty(M), np.empty(M), None,
+                   scale[:0], none)
+
+        return run
+
+    def direct_inference(self, C, S, itemsize, size):
+        """``run(xs, ys, scale, B, mean, var, epsilon)`` for per-channel inference over
+        flat C-contiguous storage arrays (channel ``(i // S) % C``), one compiled serial
+        call; None above the serial size."""
+        if size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS or size == 0:
+            return None
+        period = policy.inference_period(C, S, itemsize, size)
+        if period == 0:
+            kernel = inference.normalize_planes_serial
+            return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
+                                                              False)
+        kernel = inference.normalize_periodic_serial
+        return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
+                                                          period, False)

@@ -6,7 +6,7 @@ autograd.Function when a gradient is wanted."""
 
 import torch
 
-from normkernels.torch import eager, ops
+from normkernels.torch import direct, eager, ops
 from normkernels.torch.eager import GRAD, OP
 
 
@@ -27,7 +27,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         return ops.layer_norm(input, n, weight, bias, eps)[0]
     if path == GRAD:
         return eager.LayerNorm.apply(input, weight, bias, n, eps)
-    return ops.layer_norm_y(input, n, weight, bias, eps)
+    return direct.rows(input, n, weight, bias, eps, True,
+                       lambda: ops.layer_norm_y(input, n, weight, bias, eps))
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
@@ -40,7 +41,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
         return ops.rms_norm(input, n, weight, eps)[0]
     if path == GRAD:
         return eager.RMSNorm.apply(input, weight, n, eps)
-    return ops.rms_norm_y(input, n, weight, eps)
+    return direct.rows(input, n, weight, None, eps, False,
+                       lambda: ops.rms_norm_y(input, n, weight, eps))
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
@@ -93,7 +95,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if path == GRAD:
             return eager.BatchNormInference.apply(input, weight, bias, running_mean,
                                                   running_var, eps)
-        return ops.batch_norm_inference_impl(input, weight, bias, running_mean, running_var, eps)
+        return direct.inference(input, weight, bias, running_mean, running_var, eps,
+                                lambda: ops.batch_norm_inference_impl(
+                                    input, weight, bias, running_mean, running_var, eps))
     count = input.numel() // input.shape[1]
     if count <= 1:
         raise ValueError(f"batch_norm: expected more than 1 value per channel when training, "

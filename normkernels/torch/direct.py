@@ -1,0 +1,130 @@
+"""The adapter's shortest route for small tensors without gradients: once a call's
+metadata (every tensor's type, device, shape, strides and dtype, and the attributes)
+has passed the full path, later calls with that metadata run the engine's serial
+kernel directly on views of the tensors (``engine.direct_rows``,
+``direct_inference``).
+
+Only for C-contiguous CPU tensors, parameters that are C-contiguous (of exactly K or
+C values), and a serial size. The output is new, so it cannot overlap an input: the
+one check a plan repeats per call has nothing to check here. The NumPy views of the
+parameters (weights, biases, running statistics: the same tensors call after call)
+are kept with the prepared call, and used while the tensor is that object with that
+data pointer (the metadata is in the key).
+"""
+
+import math
+import weakref
+
+import numpy as np
+import torch
+
+from normkernels.dtypes import STORAGE_DTYPE, storage_view
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.torch.tensors import array, numpy_dtype
+
+LIMIT = 256  # prepared calls kept; emptied when full
+_prepared = {}
+_BF16 = torch.bfloat16
+
+
+def _meta(t):
+    return None if t is None else (type(t), t.is_cpu, t.shape, t.stride(), t.dtype)
+
+
+def _flat(t, name):
+    return storage_view(array(t, name)).reshape(-1)
+
+
+class Prepared:
+    """A serial kernel call and the views of its parameters."""
+
+    __slots__ = ("bf16", "run", "storage", "views")
+
+    def __init__(self, run, n_params, x):
+        self.run = run
+        self.views = [None] * n_params
+        self.storage = STORAGE_DTYPE[numpy_dtype(x.dtype)]
+        self.bf16 = x.dtype == _BF16
+
+    def param(self, k, t, name):
+        """The flat storage view of parameter tensor ``t`` (kept while ``t`` is the
+        same object over the same memory)."""
+        kept = self.views[k]
+        if kept is not None and kept[0]() is t and kept[1] == t.data_ptr():
+            return kept[2]
+        view = _flat(t, name)
+        self.views[k] = (weakref.ref(t), t.data_ptr(), view)
+        return view
+
+    def io(self, x):
+        """(x's flat storage view, a new output tensor like x, its flat view)."""
+        xs = (x.detach() if x.requires_grad else x)
+        xs = (xs.view(torch.int16) if self.bf16 else xs).numpy().reshape(-1)
+        ys = np.empty(x.shape, xs.dtype)
+        y = torch.from_numpy(ys)
+        if self.bf16:
+            y = y.view(_BF16)
+        return xs.view(self.storage), y, ys.reshape(-1).view(self.storage)
+
+
+def rows(x, n, weight, bias, eps, centered, full):
+    """Y of a row normalization (LayerNorm ``centered``, else RMSNorm); ``full()`` runs
+    the full path (and proves the metadata) when there is no prepared call."""
+    key = ("rows", centered, n, eps, _meta(x), _meta(weight), _meta(bias))
+    prepared = _prepared.get(key)
+    if prepared is None:
+        y = full()
+        _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered))
+        return y
+    xs, y, ys = prepared.io(x)
+    s = prepared.param(0, weight, "weight")
+    prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps)
+    return y
+
+
+def _rows(x, n, weight, bias, eps, centered):
+    if weight is None or not eps or not x.is_contiguous():
+        return None
+    K = math.prod(x.shape[x.dim() - n:])
+    for p in (weight, bias):
+        if p is not None and (p.dtype != x.dtype or not p.is_contiguous() or p.numel() != K):
+            return None
+    storage = STORAGE_DTYPE[numpy_dtype(x.dtype)]
+    run = ENGINE.direct_rows(x.numel() // K, K, storage, centered)
+    return None if run is None else Prepared(run, 2, x)
+
+
+def inference(x, weight, bias, mean, var, eps, full):
+    """Y of per-channel inference with given statistics (BatchNorm eval)."""
+    key = ("inference", eps, _meta(x), _meta(weight), _meta(bias), _meta(mean), _meta(var))
+    prepared = _prepared.get(key)
+    if prepared is None:
+        y = full()
+        _prepare(key, lambda: _inference(x, weight, bias, mean, var, eps))
+        return y
+    xs, y, ys = prepared.io(x)
+    prepared.run(xs, ys, prepared.param(0, weight, "weight"), prepared.param(1, bias, "bias"),
+                 prepared.param(2, mean, "running_mean"), prepared.param(3, var, "running_var"),
+                 eps)
+    return y
+
+
+def _inference(x, weight, bias, mean, var, eps):
+    if any(p is None or not p.is_contiguous() for p in (weight, bias, mean, var)) or not eps \
+            or not x.is_contiguous() or x.dim() < 2:
+        return None
+    run = ENGINE.direct_inference(x.shape[1], math.prod(x.shape[2:]), x.element_size(),
+                                  x.numel())
+    return None if run is None else Prepared(run, 4, x)
+
+
+def _prepare(key, make):
+    if len(_prepared) >= LIMIT:
+        _prepared.clear()
+    prepared = make()
+    if prepared is not None:
+        _prepared[key] = prepared
+
+
+def clear():
+    _prepared.clear()
