@@ -348,34 +348,37 @@ def test_numpy_functions_read_dlpack_tensors_in_place(gen):
                                np.ones(8, tensors.BFLOAT16))
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
-def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, dtype):
+def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, dtype, size):
     """Without gradients, later calls with known metadata run the serial kernel on
     views (normkernels/torch/direct.py): new values in x, weights changed in place,
     weights given new memory (``.data =``), another x of the same shape but other
     strides: every result bit for bit the custom operator's (which never takes that
-    route)."""
+    route). Small: one serial kernel call; large (above the serial size): the
+    engine's call."""
     from normkernels.torch import direct
 
     direct.clear()
+    K, HW = (24, (4, 5)) if size == "small" else (1024, (64, 96))
 
     def r(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
-    ln, rms, bn = nn.LayerNorm(24).to(dtype), nn.RMSNorm(24, eps=1e-5).to(dtype), \
+    ln, rms, bn = nn.LayerNorm(K).to(dtype), nn.RMSNorm(K, eps=1e-5).to(dtype), \
         nn.BatchNorm2d(6).to(dtype).eval()
     with torch.no_grad():
         for p in [*ln.parameters(), *rms.parameters(), *bn.parameters()]:
             p.copy_(torch.randn(p.shape, generator=gen))
         bn.running_var.add_(1.5)
     calls = [
-        (lambda x: nt.layer_norm(x, (24,), ln.weight, ln.bias),
-         lambda x: ops.layer_norm(x, 1, ln.weight, ln.bias, 1e-5)[0], (3, 5, 24), ln),
-        (lambda x: nt.rms_norm(x, (24,), rms.weight, 1e-5),
-         lambda x: ops.rms_norm(x, 1, rms.weight, 1e-5)[0], (3, 5, 24), rms),
+        (lambda x: nt.layer_norm(x, (K,), ln.weight, ln.bias),
+         lambda x: ops.layer_norm(x, 1, ln.weight, ln.bias, 1e-5)[0], (3, 25, K), ln),
+        (lambda x: nt.rms_norm(x, (K,), rms.weight, 1e-5),
+         lambda x: ops.rms_norm(x, 1, rms.weight, 1e-5)[0], (3, 25, K), rms),
         (lambda x: nt.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias),
          lambda x: ops.batch_norm_inference(x, bn.weight, bn.bias, bn.running_mean,
-                                            bn.running_var, 1e-5), (2, 6, 4, 5), bn),
+                                            bn.running_var, 1e-5), (2, 6, *HW), bn),
     ]
     with torch.no_grad():
         for ours, op, shape, module in calls:
@@ -390,4 +393,4 @@ def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, d
                 got, want = ours(x), op(x)
                 assert got.dtype == x.dtype and got.shape == x.shape
                 assert torch.equal(got, want), (shape, step)
-    assert direct._prepared, "the direct route was never prepared"
+    assert len([p for p in direct._prepared.values() if p]) == 3, "no direct route"

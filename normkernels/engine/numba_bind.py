@@ -92,10 +92,15 @@ class BoundCalls:
 
     def direct_rows(self, M, K, storage, centered):
         """``run(xs, ys, scale, B, epsilon)`` over flat C-contiguous arrays of ``M`` rows
-        of ``K`` in the ``storage`` dtype (``B`` empty: none), one compiled serial call;
-        None above the serial size (the engine call then decides the path)."""
-        if M * K > policy.SERIAL_MAX_ELEMENTS or M * K == 0:
+        of ``K`` in the ``storage`` dtype (``B`` empty: none): one compiled serial call
+        up to the serial size, above it the engine's call (its path decided per call)."""
+        if M * K == 0:
             return None
+        if M * K > policy.SERIAL_MAX_ELEMENTS:
+            def engine_call(xs, ys, scale, B, epsilon):
+                self.normalize_rows(xs.reshape(M, K), ys.reshape(M, K), scale,
+                                    B if B.size else None, epsilon, centered)
+            return engine_call
         kernel = rows.rows_serial if centered else rows.rms_rows_serial
         none = nothing(storage)
 
@@ -108,9 +113,13 @@ class BoundCalls:
     def direct_inference(self, C, S, itemsize, size):
         """``run(xs, ys, scale, B, mean, var, epsilon)`` for per-channel inference over
         flat C-contiguous storage arrays (channel ``(i // S) % C``), one compiled serial
-        call; None above the serial size."""
-        if size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS or size == 0:
+        call up to the serial size, above it the engine's call."""
+        if size == 0:
             return None
+        if size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS:
+            def engine_call(xs, ys, p0, p1, p2, p3, eps):
+                self.inference(xs, ys, C, S, p0, p1, p2, p3, eps)
+            return engine_call
         period = policy.inference_period(C, S, itemsize, size)
         if period == 0:
             kernel = inference.normalize_planes_serial

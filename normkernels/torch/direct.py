@@ -4,8 +4,9 @@ has passed the full path, later calls with that metadata run the engine's serial
 kernel directly on views of the tensors (``engine.direct_rows``,
 ``direct_inference``).
 
-Only for C-contiguous CPU tensors, parameters that are C-contiguous (of exactly K or
-C values), and a serial size. The output is new, so it cannot overlap an input: the
+Only for C-contiguous CPU tensors and parameters that are C-contiguous (of exactly K
+or C values): up to the serial size one compiled call, above it the engine's call
+(its path decided per call). The output is new, so it cannot overlap an input: the
 one check a plan repeats per call has nothing to check here. The NumPy views of the
 parameters (weights, biases, running statistics: the same tensors call after call)
 are kept with the prepared call, and used while the tensor is that object with that
@@ -72,9 +73,10 @@ def rows(x, n, weight, bias, eps, centered, full):
     the full path (and proves the metadata) when there is no prepared call."""
     key = ("rows", centered, n, eps, _meta(x), _meta(weight), _meta(bias))
     prepared = _prepared.get(key)
-    if prepared is None:
+    if not prepared:  # unknown, or known not to have a direct route (False)
         y = full()
-        _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered))
+        if prepared is None:
+            _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered))
         return y
     xs, y, ys = prepared.io(x)
     s = prepared.param(0, weight, "weight")
@@ -98,9 +100,10 @@ def inference(x, weight, bias, mean, var, eps, full):
     """Y of per-channel inference with given statistics (BatchNorm eval)."""
     key = ("inference", eps, _meta(x), _meta(weight), _meta(bias), _meta(mean), _meta(var))
     prepared = _prepared.get(key)
-    if prepared is None:
+    if not prepared:
         y = full()
-        _prepare(key, lambda: _inference(x, weight, bias, mean, var, eps))
+        if prepared is None:
+            _prepare(key, lambda: _inference(x, weight, bias, mean, var, eps))
         return y
     xs, y, ys = prepared.io(x)
     prepared.run(xs, ys, prepared.param(0, weight, "weight"), prepared.param(1, bias, "bias"),
@@ -122,8 +125,7 @@ def _prepare(key, make):
     if len(_prepared) >= LIMIT:
         _prepared.clear()
     prepared = make()
-    if prepared is not None:
-        _prepared[key] = prepared
+    _prepared[key] = False if prepared is None else prepared
 
 
 def clear():
