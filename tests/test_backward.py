@@ -197,7 +197,9 @@ def routes(monkeypatch):
 ROUTE_CASES = [("grad_sums/planes", "grad_apply/planes", (2, 3, 17, 19), "NCX"),
                ("grad_sums/rows", "grad_apply/rows", (2, 3, 17, 19), "NXC"),
                ("grad_sums/rows", "grad_apply/rows", (3, 37, 5, 7), "NXC"),  # odd tables
-               ("grad_sums/rows", "grad_apply/rows", (40, 3, 5, 5), "NCX")]
+               ("grad_sums/rows", "grad_apply/rows", (40, 3, 5, 5), "NCX"),
+               # short planes, rows longer than a block: reduced by planes
+               ("grad_sums/planes", "grad_apply/rows", (2, 300, 15, 15), "NCX")]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)

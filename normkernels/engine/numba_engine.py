@@ -280,7 +280,7 @@ class NumbaEngine(BoundCalls, Engine):
         total1, total2 = np.empty(C), np.empty(C)
         path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
         with launch_guard(path):
-            if S >= backward_sums.GRAD_MIN_PLANE:
+            if backward_sums.sums_by_planes(C, S):
                 took("grad_sums", "planes", path)
                 chunks = -(-S // reductions.PLANE_CHUNK)
                 part1 = np.empty(xs.size // S * chunks)
