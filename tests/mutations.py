@@ -264,6 +264,12 @@ MUTATIONS = [
                   "if kept is not None and kept[0]() is t and kept[1] == t.data_ptr():",
                   "if kept is not None and kept[0]() is t:")],
              ["tests/test_torch.py", "-k", "direct_route"]),
+    mutation("grad-sums-short-planes-by-rows", "BN backward reduces short planes of many "
+             "channels by rows (a float64 partial per element)", [
+                 ("normkernels/kernels/backward_sums.py",
+                  "return S >= GRAD_MIN_PLANE or C * S > ROW_BLOCK_ELEMENTS",
+                  "return S >= GRAD_MIN_PLANE")],
+             ["tests/test_backward.py", "-k", "every_route"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [
                  (PLANS, "entry = entries.get(tuple(map(id, arrays)))",
