@@ -278,9 +278,7 @@ MUTATIONS = [
                   "self.entries[ids[0]] = (arrays, call, size)")],
              ["tests/test_plan_safety.py", "-k", "other_objects"]),
     mutation("plan-reuse-read-only-out", "a plan's bound call writes an out made read-only",
-             [("normkernels/ops/rows.py", "            if not out.flags.writeable:\n"
-               "                return None\n            call()",
-               "            call()")],
+             [(PLANS, "if call is None or not out.flags.writeable:", "if call is None:")],
              ["tests/test_plan_safety.py", "-k", "same_arrays"]),
     mutation("plan-moments-layout", "a moments plan reads the channels of NXC memory as "
              "NCX", [

@@ -101,6 +101,16 @@ class Reuse:
         entry = entries.get(tuple(map(id, arrays)))
         return None if entry is None else entry[1]
 
+    def serve(self, arrays, out):
+        """Run the bound call of exactly these arrays into ``out``; False when there is
+        none, or when ``out`` is read-only now (the planned call then hands it to the
+        full checks)."""
+        call = self.bound(arrays)
+        if call is None or not out.flags.writeable:
+            return False
+        call()
+        return True
+
     def offer(self, arrays, bind):
         """After a full planned call over ``arrays``: a step towards binding them
         (``bind()``: a zero-argument callable, or None when they do not bind)."""
@@ -229,11 +239,7 @@ class Inference(NamedTuple):
 
     def __call__(self, X, scale, B, mean, var, out):
         arrays = (X, scale, B, mean, var, out)
-        call = self.reuse.bound(arrays)
-        if call is not None:
-            if not out.flags.writeable:
-                return None
-            call()
+        if self.reuse.serve(arrays, out):
             return out
         views = _output(self, X, out)
         if views is None:
@@ -278,11 +284,7 @@ class Instance(NamedTuple):
 
     def __call__(self, X, scale, B, out):
         arrays = (X, scale, B, out)
-        call = self.reuse.bound(arrays)
-        if call is not None:
-            if not out.flags.writeable:
-                return None
-            call()
+        if self.reuse.serve(arrays, out):
             return out
         views = _output(self, X, out, (scale, B))
         if views is None:
