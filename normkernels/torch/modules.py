@@ -10,7 +10,6 @@ the input) runs torch's forward instead: the module stays correct wherever the m
 goes.
 """
 
-import torch
 from torch import nn
 
 from normkernels.torch import functional as F
@@ -133,6 +132,3 @@ def restore_modules(model):
             module.__class__ = theirs
             restored.append(name)
     return restored
-
-
-del torch
