@@ -566,6 +566,9 @@ MUTATIONS = [
     mutation("row-mean-of-g-dropped/backward", "LayerNorm backward leaves out <g> (as "
              "RMSNorm's)", [(BWD_DX, "    mg = sg / K if centered else 0.0",
                              "    mg = 0.0")], BACKWARD),
+    mutation("row-vector-dgamma/backward", "the row backward's vector lanes add dY, not "
+             "dY * x_hat, into dscale", [(BWD_DX, "load_lanes(dgamma, j, mean) + dyv * xh)",
+                                          "load_lanes(dgamma, j, mean) + dyv)")], BACKWARD),
     mutation("given-r-recomputed/backward", "the row backward recomputes r although the "
              "caller gave inv_std", [(BWD_DX, "    if not given:\n        r = 1.0 / np.sqrt",
                                       "    if True:\n        r = 1.0 / np.sqrt")], BACKWARD),

@@ -189,6 +189,43 @@ def scaled(typingctx, a, s):
 
 
 @intrinsic
+def shifted(typingctx, a, s):
+    """``a - s`` for a scalar ``s`` of the lanes' dtype."""
+    if not (isinstance(a, Lanes) and s == a.dtype):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.fsub(args[0], _broadcast(builder, args[1], a.count))
+
+    return a(a, s), codegen
+
+
+@intrinsic
+def store_lanes(typingctx, arr, index, a):
+    """``arr[index:index + count] = a``, rounded once to ``arr``'s dtype (float32 or
+    float64 storage: 16-bit narrowing of float64 lanes would round twice, so 16-bit
+    arrays are not accepted; their callers keep a scalar loop)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout in "CF"
+            and isinstance(index, types.Integer) and isinstance(a, Lanes)
+            and arr.dtype in (types.float32, types.float64)
+            and not (arr.dtype == types.float64 and a.dtype == types.float32)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        value = args[2]
+        elem = _F64 if arr.dtype == types.float64 else _F32
+        if value.type.element != elem:
+            value = builder.fptrunc(value, ir.VectorType(elem, a.count))
+        i = context.cast(builder, args[1], sig.args[1], types.intp)
+        data = context.make_array(arr)(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [i]), value.type.as_pointer())
+        builder.store(value, ptr, align=arr.dtype.bitwidth // 8)
+        return context.get_dummy_value()
+
+    return types.void(arr, index, a), codegen
+
+
+@intrinsic
 def lane_sum(typingctx, a):
     """The sum of the lanes by a fixed pairwise tree: halves added lane by lane
     until one lane is left."""
