@@ -7,11 +7,12 @@ kernel compiles on its first call per (dtype, layout), then comes from the disk 
 __version__ = "0.1.0"
 __all__ = ["batch_norm_forward_training", "batch_norm_inference",
            "batch_norm_training_backward", "batch_normalization",
-           "batch_normalization_backward", "bind", "group_norm", "group_normalization",
-           "group_normalization_backward", "instance_normalization",
+           "batch_normalization_backward", "bind", "fold_batch_norm", "group_norm",
+           "group_normalization", "group_normalization_backward", "instance_normalization",
            "instance_normalization_backward", "layer_norm", "layer_norm_backward",
            "layer_normalization", "layer_normalization_backward", "lp_normalization",
            "lrn", "mean_variance_normalization", "merge_moments", "moments",
+           "ort_group_norm", "ort_skip_group_norm",
            "partial_moments", "rms_norm", "rms_normalization",
            "rms_normalization_backward", "simplified_layer_normalization",
            "skip_layer_normalization", "skip_simplified_layer_normalization", "warmup"]

@@ -44,6 +44,7 @@ from normkernels.ops import moments as _moments
 from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
+from normkernels.reference_fused import activation, skip_sums_rows
 from normkernels.reference_lp import c_pow, lp_fold, round_once
 
 
@@ -53,20 +54,21 @@ class NumPyEngine(Engine):
 
     name = "numpy"
 
-    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
+    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
+                  act=None):
         if guard and any(np.may_share_memory(y, p) for p in (scale, B, mean, var)):
             return False
         if guard and not (x is y or x.ctypes.data == y.ctypes.data) and np.may_share_memory(x, y):
             return False
         m, a, b = fold_parameters(scale, B, mean, var, epsilon, x.dtype)
-        self.scale_shift(x, y, C, S, m, a, b)
+        self.scale_shift(x, y, C, S, m, a, b, act=act)
         return True
 
-    def scale_shift(self, x, y, C, S, mean, a, b, path=None):
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=None):
         cd = compute_dtype(x.dtype)
         with np.errstate(all="ignore"):
             xv = x.reshape(-1, C, S).astype(cd)
-            result = (xv - mean[:, None]) * a[:, None] + b[:, None]
+            result = activation(act, (xv - mean[:, None]) * a[:, None] + b[:, None])
             y.reshape(-1, C, S)[...] = result.astype(y.dtype)
 
     def channel_moments(self, x, C, S, path=None):
@@ -80,15 +82,19 @@ class NumPyEngine(Engine):
             m2 = ((per_channel - mean[:, None]) ** 2).sum(axis=1)
         return count, mean, m2
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+    def skip_sums(self, x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C,
+                  path=None):
+        skip_sums_rows(x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C)
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
         groups = x.reshape(-1, group * S).astype(np.float64)  # a group's planes: contiguous
         with np.errstate(all="ignore"):
             mean = _refined_mean(groups, 1)
             m2 = ((groups - mean[:, None]) ** 2).sum(axis=1)
-        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self, group)
+        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self, group, act)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=None):
         # (n, group) made contiguous: NumPy sums pairwise only along the last axis
         G = C // group
         groups = np.ascontiguousarray(
@@ -97,7 +103,7 @@ class NumPyEngine(Engine):
             mean = _refined_mean(groups, 2)
             m2 = ((groups - mean[:, :, None]) ** 2).sum(axis=2)
         mean, m2 = mean.reshape(-1), m2.reshape(-1)
-        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self, group)
+        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self, group, act)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
@@ -205,14 +211,15 @@ def _refined_mean(values, axis):
     return np.where(np.isfinite(correction), mean + correction, mean)
 
 
-def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE, group=1):
+def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE, group=1,
+                     act=None):
     """Y of NCX instance (group) normalization from the per-plane (per-group)
     ``mean`` and ``m2``."""
     m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S, engine, group)
-    engine.scale_shift(x, y, m.size, S, m, a, b)
+    engine.scale_shift(x, y, m.size, S, m, a, b, act=act)
 
 
-def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group=1):
+def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group=1, act=None):
     """Y of NXC instance (group) normalization from the per-(n, c) (per-(n, group))
     ``mean`` and ``m2`` (flat, ``n * C + c``)."""
     R = x.size // (N * C)
@@ -221,7 +228,7 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group
         xv = x.reshape(N, R, C).astype(compute_dtype(x.dtype))
         shape = (N, 1, C)
         result = (xv - m.reshape(shape)) * a.reshape(shape) + b.reshape(shape)
-        y.reshape(N, R, C)[...] = result.astype(y.dtype)
+        y.reshape(N, R, C)[...] = activation(act, result).astype(y.dtype)
 
 
 def skip_sums(x, skip, bias):

@@ -93,6 +93,8 @@ BWD_SPEC = "normkernels/ops/backward.py"
 BWD_SUMS = "normkernels/kernels/backward_sums.py"
 BWD_DX = "normkernels/kernels/backward_dx.py"
 BACKWARD = ["tests/test_backward.py"]
+FOLD_SPEC = "normkernels/ops/fold_batch_norm.py"
+FOLD_BN = ["tests/test_fold_batch_norm.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 INLINING = "normkernels/kernels/inlining.py"
@@ -554,6 +556,18 @@ MUTATIONS = [
              "reach, not by size", [
                  (ENGINE, "args = (window, float(alpha) / int(size),",
                   "args = (window, float(alpha) / window,")], LRN),
+    # BatchNorm folded into Conv/Gemm weights
+    mutation("epsilon-dropped/fold", "fold_batch_norm folds a = scale / sqrt(var)", [
+        (FOLD_SPEC, 'a = p64["scale"] / np.sqrt(shifted)',
+         'a = p64["scale"] / np.sqrt(p64["var"])')], FOLD_BN),
+    mutation("bias-not-scaled/fold", "fold_batch_norm adds the layer's bias unscaled: "
+             "bias' = bias + b, not bias * a + b", [
+                 (FOLD_SPEC, "fused_bias = given * a + b", "fused_bias = given + b")], FOLD_BN),
+    mutation("bf16-double-rounding/fold", "fold_batch_norm casts its float64 results with "
+             "astype (ml_dtypes rounds float64 to bfloat16 twice, through float32)", [
+                 (FOLD_SPEC, "return round_once(fused_weight, W.dtype), round_once(fused_bias, "
+                  "W.dtype)", "return fused_weight.astype(W.dtype), fused_bias.astype(W.dtype)")],
+             FOLD_BN),
     # backward passes
     mutation("projection-without-r/backward", "the x_hat projection of dX misses a factor r", [
         (BWD_SPEC, "b = -a * r * dscale / count", "b = -a * dscale / count")], BACKWARD),

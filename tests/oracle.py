@@ -532,3 +532,47 @@ def backward_tolerance(dY, X, scale, mean, inv_std, reduced, dX_exact, out_dtype
     if np.dtype(out_dtype).itemsize == 2:
         bound = bound + 0.5 * ulp(np.abs(dX_exact) + bound, out_dtype)
     return bound
+
+
+# --- activation epilogues ---------------------------------------------------------------
+
+GELU_A = np.sqrt(2.0 / np.pi)
+
+
+def activation(kind, y):
+    """The activation ``kind`` ("relu", "silu", "gelu_tanh"; None: none) of float64
+    ``y``, from PyTorch's definitions (``gelu_tanh`` in its sigmoid form, which does
+    not cancel)."""
+    y = _f64(y)
+    with np.errstate(all="ignore"):
+        if kind is None or kind == "none":
+            return y
+        if kind == "relu":
+            return np.where(y < 0, 0.0, y)
+        z = y if kind == "silu" else 2 * GELU_A * (y + 0.044715 * y ** 3)
+        return y * np.exp(-np.logaddexp(0.0, -z))  # sigmoid(z), without overflow
+
+
+def activation_tolerance(kind, exact_y, tol_y, out_dtype):
+    """Allowed |act(Y) - act(oracle Y)|: Y's own tolerance through the activation's
+    slope (within [-0.13, 1.13]), the activation's error (normkernels'
+    ``ACTIVATION_ULPS`` of the compute dtype, plus 8 per unit of the sigmoid's argument:
+    the up to 7 roundings of GELU's argument are amplified by exp), the subnormal floor, and half an ulp of a 16-bit
+    output (rounded once more)."""
+    from normkernels.kernels.activations import ACTIVATION_ULPS
+
+    if kind is None or kind == "none":
+        return tol_y
+    cd = compute_dtype(out_dtype)
+    u = unit_roundoff(cd)
+    tiny = 2.0 ** (-149 if cd == F32 else -1074)
+    y = _f64(exact_y)
+    value = activation(kind, y)
+    with np.errstate(all="ignore"):
+        z = np.abs(y if kind != "gelu_tanh" else 2 * GELU_A * (y + 0.044715 * y ** 3))
+        own = np.zeros_like(y) if kind == "relu" else (
+            (ACTIVATION_ULPS + 8 * z) * u * np.abs(value) + 4 * np.abs(y) * tiny)
+        bound = 1.13 * tol_y + own
+        if np.dtype(out_dtype).itemsize == 2:
+            bound = bound + 0.5 * ulp(np.abs(value) + bound, out_dtype)
+    return bound

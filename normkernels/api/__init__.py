@@ -4,7 +4,8 @@ One module per family, each function a one-line call of its spec function
 (``normkernels/ops/``) with the Numba engine, its docstring the contract:
 
 * :mod:`normkernels.api.batch`: BatchNormalization; ``moments``, ``partial_moments``
-  and ``merge_moments`` (per-channel statistics)
+  and ``merge_moments`` (per-channel statistics); ``fold_batch_norm`` (inference BN
+  folded into the preceding Conv/Gemm weights)
 * :mod:`normkernels.api.instance`: InstanceNormalization
 * :mod:`normkernels.api.rows`: LayerNormalization, RMSNormalization and onnxruntime's
   SimplifiedLayerNormalization, SkipLayerNormalization, SkipSimplifiedLayerNormalization

@@ -1,8 +1,10 @@
-"""ONNX BatchNormalization, and the per-channel moments of X (mergeable partials
-for statistics of chunks or micro-batches)."""
+"""ONNX BatchNormalization, the per-channel moments of X (mergeable partials for
+statistics of chunks or micro-batches), and inference BatchNorm folded into the
+preceding Conv/Gemm weights."""
 
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import batch_normalization as _bn
+from normkernels.ops import fold_batch_norm as _fold
 from normkernels.ops import moments as _moments
 
 
@@ -92,3 +94,48 @@ def merge_moments(a, b):
     """Merge two partials from :func:`partial_moments` (Chan's formula): the
     statistics of the concatenation, without a second pass over the data."""
     return _moments.merge(a, b)
+
+
+def fold_batch_norm(weight, bias, scale, B, mean, var, *, epsilon=1e-5, axis=0):
+    """Inference BatchNormalization folded into the preceding Conv or Gemm/MatMul.
+
+    ``BN(y) = a * y + b`` per output channel with ``a = scale / sqrt(var + epsilon)``
+    and ``b = B - mean * a``; the folded layer has ``W'[o, ...] = W[o, ...] * a[o]``
+    and ``bias'[o] = bias[o] * a[o] + b[o]``, so ``Conv(x, W') + bias'`` is
+    ``BN(Conv(x, W) + bias)``.
+
+    Parameters
+    ----------
+    weight : ndarray
+        The Conv weight (O, I / groups, k1 ... kn) with ``axis=0``, or a Gemm/MatMul
+        weight with its output features on ``axis``: (N, K) with ``axis=0`` (Gemm
+        with transB=1, torch's Linear), (K, N) with ``axis=1`` or ``-1`` (MatMul,
+        Gemm with transB=0). float16, bfloat16, float32 or float64; any strides.
+    bias : ndarray or None
+        Shape (O,), any of the four float dtypes; None means zeros.
+    scale, B, mean, var : ndarray
+        The BatchNormalization's scale, B, input_mean and input_var: shape (O,), where
+        O = ``weight.shape[axis]``; any of the four float dtypes, each its own.
+    epsilon : float
+        A finite number >= 0 (default 1e-5, ONNX's and torch's).
+    axis : int
+        The output-feature axis of ``weight`` (negative counts from the end).
+
+    Returns
+    -------
+    (weight', bias') : tuple of ndarray
+        New arrays of ``weight``'s dtype: ``weight'`` of its shape, ``bias'`` of
+        shape (O,) (also when ``bias`` is None). The inputs are not modified.
+
+    Notes
+    -----
+    ``a``, ``weight'`` and ``bias'`` are computed in float64 from the exact values
+    and rounded once (to nearest even) to the weight's dtype; torch's
+    ``fuse_conv_bn_weights`` computes in the weight's dtype instead. A dtype error is
+    a TypeError, a wrong shape, an axis out of range, a negative epsilon or a
+    negative ``var + epsilon`` a ValueError, each naming the argument. NaN and Inf in
+    the parameters propagate to their own output channel (``var + epsilon = 0``
+    gives ``a = inf``).
+    """
+    return _fold.fold_batch_norm(weight, bias, scale, B, mean, var, epsilon=epsilon,
+                                 axis=axis)

@@ -1,12 +1,13 @@
 """Normalizations over groups of channels, over axes, along one axis and over a
-window of channels: ONNX GroupNormalization, MeanVarianceNormalization,
-LpNormalization and LRN."""
+window of channels: ONNX GroupNormalization, onnxruntime's GroupNorm and SkipGroupNorm
+(com.microsoft), MeanVarianceNormalization, LpNormalization and LRN."""
 
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import group_normalization as _gn
 from normkernels.ops import lp_normalization as _lp
 from normkernels.ops import lrn as _lrn
 from normkernels.ops import mean_variance_normalization as _mvn
+from normkernels.ops import ort_group_norm as _ort
 
 
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None, opset=21,
@@ -189,3 +190,74 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset=13, data_format="NCX"
     """
     return _lrn.lrn(X, size=size, alpha=alpha, beta=beta, bias=bias, opset=opset,
                     data_format=data_format, out=out, engine=ENGINE)
+
+
+def ort_group_norm(X, gamma, beta, *, groups, activation, epsilon=1e-5, channels_last=1,
+                   out=None):
+    """onnxruntime's GroupNorm (com.microsoft, version 1): group normalization with an
+    optional SiLU, channels last by default. onnxruntime runs it on CUDA, ROCm and
+    DirectML only; this is a CPU implementation.
+
+    ``Y = act(gamma[c] * (X - mean) / sqrt(var + epsilon) + beta[c])`` with the mean and
+    population variance of each (n, group of ``C / groups`` channels) over the group's
+    channels and all spatial positions; ``act`` is SiLU (``y * sigmoid(y)``) when
+    ``activation`` is 1, none when 0, applied before Y's one rounding.
+
+    Parameters
+    ----------
+    X : ndarray
+        (N, H, W, C) with ``channels_last=1`` (the default), (N, C, H, W) with 0; any
+        rank from 3 (the schema's is 4). float16 or float32 (the schema), bfloat16 or
+        float64 too; any strides.
+    gamma, beta : ndarray
+        Shape (C,), one dtype for both (the schema's M: float16 or float32; any float
+        dtype here), which may differ from X's.
+    groups : int
+        Required; must divide C.
+    activation : int
+        Required: 0 (none) or 1 (SiLU).
+    epsilon : float
+        Default 1e-5.
+    channels_last : int
+        1 (default) or 0.
+    out : ndarray, optional
+        Where to write Y (X's shape and dtype); may be X itself.
+
+    Returns
+    -------
+    ndarray
+        X's shape and dtype (``out`` when given).
+    """
+    return _ort.ort_group_norm(X, gamma, beta, groups=groups, activation=activation,
+                               epsilon=epsilon, channels_last=channels_last, out=out,
+                               engine=ENGINE)
+
+
+def ort_skip_group_norm(X, gamma, beta, skip, bias=None, *, groups, activation, epsilon=1e-5,
+                        channels_last=1, num_outputs=1, out=None):
+    """onnxruntime's SkipGroupNorm (com.microsoft, version 1): ``S = X + skip + bias``,
+    then :func:`ort_group_norm` of S.
+
+    Parameters
+    ----------
+    X, gamma, beta, groups, activation, epsilon, channels_last, out
+        As :func:`ort_group_norm`.
+    skip : ndarray
+        X's dtype; X's shape, or one value per (sample, channel): (N, 1, 1, C) or (N, C)
+        for channels last, (N, C, 1, 1) or (N, C) for channels first.
+    bias : ndarray, optional
+        X's dtype, shape (C,).
+    num_outputs : int
+        1 (default): Y; 2: ``(Y, S)``.
+
+    Returns
+    -------
+    ndarray or tuple
+        Y, or ``(Y, S)``: S (a new C-contiguous array of X's shape and dtype) is ``(X +
+        skip) + bias`` rounded once to X's dtype, and Y is the normalization of S as
+        returned (as the package's SkipLayerNormalization).
+    """
+    return _ort.ort_skip_group_norm(X, gamma, beta, skip, bias, groups=groups,
+                                    activation=activation, epsilon=epsilon,
+                                    channels_last=channels_last, num_outputs=num_outputs,
+                                    out=out, engine=ENGINE)

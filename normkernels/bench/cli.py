@@ -265,10 +265,11 @@ def cmd_info(args):
         print(f"{dtype} conversions (narrow / widen): {how}")
     try:
         # the layer is known once a parallel kernel has run
+        from normkernels.kernels.activations import NONE
         from normkernels.kernels.scale_shift import scale_shift_periodic_parallel
         x = np.zeros(1 << 16, np.float32)
         p = np.zeros(512, np.float32)
-        scale_shift_periodic_parallel(x, x, 256, p, p, p, 4096)
+        scale_shift_periodic_parallel(x, x, 256, p, p, p, 4096, NONE)
         print(f"threading layer: {numba.threading_layer()}")
     except ValueError:
         print("threading layer: (none initialised)")

@@ -27,8 +27,11 @@ class Engine:
     deviations); parameters ``mean, a, b`` are in the compute dtype of ``x``.
     """
 
-    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
-        """``y = (x - mean[c]) * scale[c] / sqrt(var[c] + epsilon) + B[c]`` from the raw
+    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
+                  act=None):
+        """``y = act((x - mean[c]) * scale[c] / sqrt(var[c] + epsilon) + B[c])`` (``act``:
+        an activation epilogue of :mod:`normkernels.kernels.activations`, by name or
+        marker, None for none; as in every method that takes it) from the raw
         parameters (any float dtypes), folded by the rule of
         :func:`normkernels.reference.fold_parameters`; ``y`` may be ``x``. With
         ``guard`` (a call plan, whose arguments were not checked), first returns False,
@@ -48,21 +51,29 @@ class Engine:
             return (previous.astype(np.float64) * momentum
                     + batch * (1.0 - momentum)).astype(dtype)
 
-    def scale_shift(self, x, y, C, S, mean, a, b, path=None):
-        """``y = (x - mean[c]) * a[c] + b[c]``; ``y`` may be ``x``."""
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=None):
+        """``y = act((x - mean[c]) * a[c] + b[c])``; ``y`` may be ``x``."""
         raise NotImplementedError
 
     def channel_moments(self, x, C, S, path=None):
         """Per-channel ``(count, mean, M2)`` of ``x``."""
         raise NotImplementedError
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+    def skip_sums(self, x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C,
+                  path=None):
+        """``dest = (x + skip) + bias`` over rows of ``K`` (flat C-contiguous arrays),
+        in the row kernels' arithmetic, rounded once: row ``r`` adds skip row ``r //
+        rows_per_skip`` (``skip_rows``) or skip value ``r // rows_per_skip``, and bias
+        per column (``per_column``) or value ``r % C``; ``bias`` None: none."""
+        raise NotImplementedError
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
         """Instance normalization of NCX memory (``N * C`` planes of ``S``), or group
         normalization with ``group`` channels per group (scale and B per channel);
         writes ``y``, returns the per-plane (per-group) ``(mean, M2)``."""
         raise NotImplementedError
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=None):
         """Instance normalization of NXC memory (``N`` samples of ``R`` rows of
         ``C``), or group normalization with ``group`` channels per group; writes ``y``,
         returns the per-(n, c) (per-(n, group)) ``(mean, M2)``, flat ``n*C + c``

@@ -11,6 +11,7 @@ from normkernels.engine.numba_launch import flat_rows, nothing
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import inference, instance, rows
+from normkernels.kernels.activations import NONE
 
 
 class BoundCalls:
@@ -28,9 +29,9 @@ class BoundCalls:
         period = policy.inference_period(C, S, x.itemsize, ys.size)
         if period == 0:
             kernel = inference.normalize_planes_serial
-            return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, False)
+            return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, False, NONE)
         kernel = inference.normalize_periodic_serial
-        return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False)
+        return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False, NONE)
 
     def bind_instance_planes(self, x, y, C, S, scale, B, epsilon, group=1):
         """:meth:`instance_planes` for fixed arrays (see :func:`normkernels.bind`): on
@@ -44,7 +45,7 @@ class BoundCalls:
         cd = compute_dtype(x.dtype)
         args = (C, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
                 np.empty(n_planes // group), np.empty(n_planes // group),
-                np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd))
+                np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd), NONE)
         kernel = instance.fused_planes_serial
         return lambda: kernel(xs, ys, *args)
 
@@ -124,7 +125,7 @@ class BoundCalls:
         if period == 0:
             kernel = inference.normalize_planes_serial
             return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
-                                                              False)
+                                                              False, NONE)
         kernel = inference.normalize_periodic_serial
         return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
-                                                          period, False)
+                                                          period, False, NONE)

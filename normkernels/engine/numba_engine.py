@@ -36,7 +36,9 @@ from normkernels.kernels import backward_dx, backward_sums, inference, instance,
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import rows_split as split
+from normkernels.kernels import skip_sums as skip_kernels
 from normkernels.kernels import statistics as reductions
+from normkernels.kernels.activations import NONE, marker
 from normkernels.kernels.options import MIN_PLANE, VECTOR_BYTES
 
 
@@ -51,7 +53,9 @@ class NumbaEngine(BoundCalls, Engine):
 
     name = "numba"
 
-    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
+    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
+                  act=NONE):
+        act = marker(act)
         xs, ys = _views(x, y)
         sv = storage_view
         params = sv(scale), sv(B), sv(mean), sv(var)
@@ -60,16 +64,17 @@ class NumbaEngine(BoundCalls, Engine):
         if path == "serial":  # one compiled call: guard, fold, tables, loop (per-call latency)
             period = policy.inference_period(C, S, x.itemsize, ys.size)
             if period == 0:
-                return inference.normalize_planes_serial(xs, ys, C, S, *params, epsilon, guard)
+                return inference.normalize_planes_serial(xs, ys, C, S, *params, epsilon, guard,
+                                                         act)
             return inference.normalize_periodic_serial(xs, ys, C, S, *params, epsilon, period,
-                                                       guard)
+                                                       guard, act)
         if guard and inference.shares_input(xs, ys, *params):
             return False
         cd = compute_dtype(x.dtype)
         m, a, b = np.empty(C, cd), np.empty(C, cd), np.empty(C, cd)
         inference.fold(*params, epsilon, m, a, b)
         with launch_guard(path):
-            scale_shift_loops(xs, ys, C, S, m, a, b, path)
+            scale_shift_loops(xs, ys, C, S, m, a, b, path, act)
         return True
 
     def running(self, previous, batch, momentum, dtype):
@@ -79,13 +84,13 @@ class NumbaEngine(BoundCalls, Engine):
         inference.running(storage_view(previous), batch, momentum, out)
         return out
 
-    def scale_shift(self, x, y, C, S, mean, a, b, path=None):
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=NONE):
         if not (x.flags.c_contiguous and y.flags.c_contiguous):
             raise ValueError("scale_shift: x and y must be C-contiguous")
         xs, ys = _views(x, y)
         path = policy.resolve_path(ys, path)
         with launch_guard(path):
-            scale_shift_loops(xs, ys, C, S, mean, a, b, path)
+            scale_shift_loops(xs, ys, C, S, mean, a, b, path, marker(act))
 
     def channel_moments(self, x, C, S, path=None):
         if not x.flags.c_contiguous:
@@ -108,7 +113,21 @@ class NumbaEngine(BoundCalls, Engine):
         row_moments(xs[wide_rows * width:], period, C, S, count, mean, m2, path)
         return count, mean, m2
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+    def skip_sums(self, x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C,
+                  path=None):
+        xs, ds, ss = storage_view(x), storage_view(dest), storage_view(skip)
+        table = np.full(K if per_column else C, -0.0, row_compute_dtype(x.dtype))
+        if bias is not None:
+            table[:] = bias  # the float64 or float32 value of each bias entry (exact)
+        path = policy.resolve_path(ds, path)
+        rows_per_item = max(1, skip_kernels.ITEM_ELEMENTS // K)
+        with launch_guard(path):
+            kernel_for(skip_kernels.skip_sums, skip_kernels.skip_sums_serial, path)(
+                xs, ss, table, ds, K, rows_per_skip, skip_rows, 0 if per_column else C,
+                rows_per_item)
+
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=NONE):
+        act = marker(act)
         xs, ys = _views(x, y)
         n_planes = xs.size // S
         n_groups = n_planes // group
@@ -117,7 +136,7 @@ class NumbaEngine(BoundCalls, Engine):
         mean, m2 = np.empty(n_groups), np.empty(n_groups)
         m, a, b = np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd)
         args = (C, group, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
-                m, a, b)
+                m, a, b, act)
         path = policy.resolve_path(ys, path)
         fused = "fused" if S >= MIN_PLANE else "fused-short"
         if policy.split_instance_planes(n_groups, size, xs.itemsize, path):
@@ -125,7 +144,7 @@ class NumbaEngine(BoundCalls, Engine):
             plane_moments(xs, n_groups, size, np.zeros(n_groups, np.int64), mean, m2,
                            "parallel")
             instance.fold_planes(C, group, size, *args[3:6], mean, m2, m, a, b)
-            self.scale_shift(x, y, n_planes, S, m, a, b, path)
+            self.scale_shift(x, y, n_planes, S, m, a, b, path, act)
         elif path == "serial":
             took("instance_planes", fused, "serial")
             instance.fused_planes_serial(xs, ys, *args)
@@ -139,7 +158,8 @@ class NumbaEngine(BoundCalls, Engine):
                 instance.fused_planes_parallel(xs, ys, *args)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=NONE):
+        act = marker(act)
         xs, ys = _views(x, y)
         R = xs.size // (N * C)
         path = policy.resolve_path(ys, path)
@@ -161,7 +181,7 @@ class NumbaEngine(BoundCalls, Engine):
                                batch=N)
                 instance.fold_planes(C, group, R * group, *params, mean[gs], m2[gs], m[cs],
                                      a[cs], b[cs])
-                self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path)
+                self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path, act)
             return mean, m2
         sample_moments(xs, N, C, R, group, mean, m2, one)
         instance.fold_planes(C, group, R * group, *params, mean, m2, m, a, b)
@@ -169,7 +189,7 @@ class NumbaEngine(BoundCalls, Engine):
         rows = policy.sample_normalize_rows(N, C, R)
         with launch_guard(one):
             kernel_for(instance.normalize_rows, instance.normalize_rows_serial, one)(
-                xs, ys, C, R, rows, m, a, b)
+                xs, ys, C, R, rows, m, a, b, act)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,

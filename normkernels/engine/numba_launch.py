@@ -17,6 +17,7 @@ from normkernels.engine.threads import launch_guard
 from normkernels.kernels import inference, instance
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
+from normkernels.kernels.activations import NONE
 from normkernels.kernels.options import MIN_PLANE
 
 
@@ -37,31 +38,31 @@ def _planes_loop(S):
     return "planes" if S >= MIN_PLANE else "short-planes"
 
 
-def scale_shift_loops(xs, ys, C, S, mean, a, b, path):
+def scale_shift_loops(xs, ys, C, S, mean, a, b, path, act=NONE):
     if policy.use_planes(C, S, mean.itemsize):
         loop = _planes_loop(S)
         if path == "serial":
             took("scale_shift", loop, "serial")
-            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b)
+            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b, act)
         elif path == "streaming" and S >= MIN_PLANE:
             took("scale_shift", "planes", "streaming")
             loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b,
-                                               policy.block_size(xs.size))
+                                               policy.block_size(xs.size), act)
         else:
             took("scale_shift", loop, "parallel")
             loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b,
-                                              policy.block_size(xs.size))
+                                              policy.block_size(xs.size), act)
         return
     took("scale_shift", "periodic", path)
     period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
     if path == "serial":
-        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t)
+        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t, act)
     elif path == "streaming":
         loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t,
-                                             policy.block_size(xs.size))
+                                             policy.block_size(xs.size), act)
     else:
         loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t,
-                                            policy.block_size(xs.size))
+                                            policy.block_size(xs.size), act)
 
 
 def plane_moments(xs, C, S, count, mean, m2, path):

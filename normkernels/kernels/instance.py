@@ -75,7 +75,7 @@ def _fold_group(g, C, Cg, count, scale, B, epsilon, mu, q, m, a, b):
 
 
 @njit(**_INLINE)
-def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, streaming):
+def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, streaming, act):
     size = Cg * S
     lo = g * size
     hi = lo + size
@@ -85,15 +85,15 @@ def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, stream
     _fold_group(g, C, Cg, size, scale, B, epsilon, mu, q, m, a, b)
     n_planes = m.size
     if S < MIN_PLANE:
-        planes_scalar(x, y, lo, hi, n_planes, S, m, a, b)
+        planes_scalar(x, y, lo, hi, n_planes, S, m, a, b, act)
     elif streaming:
-        planes_range(x, y, lo, hi, n_planes, S, m, a, b, stream_one, stream_split)
+        planes_range(x, y, lo, hi, n_planes, S, m, a, b, stream_one, stream_split, act)
     else:
-        planes_range(x, y, lo, hi, n_planes, S, m, a, b, vector_one, vector_split)
+        planes_range(x, y, lo, hi, n_planes, S, m, a, b, vector_one, vector_split, act)
 
 
 @njit(**KERNEL_OPTIONS)
-def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
+def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, act):
     """Every group ``g`` of ``Cg`` consecutive planes (instance norm: ``Cg = 1``):
     statistics into ``mean[g], m2[g]`` (float64), parameters of its planes ``p`` into
     ``m[p], a[p], b[p]`` (compute dtype); then Y in one planes loop. One thread, for
@@ -107,21 +107,21 @@ def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
         mean[g] = mu
         m2[g] = q
         _fold_group(g, C, Cg, size, scale, B, epsilon, mu, q, m, a, b)
-    scale_shift_planes_serial(x, y, m.size, S, m, a, b)
+    scale_shift_planes_serial(x, y, m.size, S, m, a, b, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def fused_planes_parallel(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
+def fused_planes_parallel(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, act):
     """:func:`fused_planes_serial`, groups in parallel."""
     for g in prange(mean.size):
-        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, False)
+        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, False, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def fused_planes_streaming(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b):
+def fused_planes_streaming(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, act):
     """:func:`fused_planes_parallel` with streaming stores (``S >= MIN_PLANE``)."""
     for g in prange(mean.size):
-        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, True)
+        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, True, act)
         store_fence()
 
 
@@ -168,8 +168,8 @@ def merge_sample_rows(part_mean, part_m2, Cg, rows_per_sample, rows_per_block, m
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b):
-    """NXC: ``y = (x - m[n, c]) * a[n, c] + b[n, c]`` (parameters flat, ``n * C + c``)
+def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b, act):
+    """NXC: ``y = act((x - m[n, c]) * a[n, c] + b[n, c])`` (parameters flat, ``n * C + c``)
     over blocks of rows in parallel; for samples too small to be worth a launch each."""
     n_samples = m.size // C
     blocks_per_sample = (rows_per_sample + rows_per_block - 1) // rows_per_block
@@ -181,7 +181,7 @@ def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b):
         an = a[n * C:(n + 1) * C]
         bn = b[n * C:(n + 1) * C]
         for r in range(first, last):
-            run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn)
+            run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn, act)
 
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)

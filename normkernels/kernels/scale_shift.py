@@ -1,4 +1,4 @@
-"""Fused normalize-scale-shift loops: ``y = (x - mean) * a + B`` per channel.
+"""Fused normalize-scale-shift loops: ``y = act((x - mean) * a + B)`` per channel.
 
 Every kernel here takes flat, C-contiguous storage arrays ``x`` and ``y`` (see
 :mod:`normkernels.dtypes`; ``y`` may be ``x``) and per-channel parameters
@@ -26,6 +26,9 @@ intrinsics of :mod:`normkernels.kernels.vectors` and all scalar work (heads and
 tails up to 64-byte alignment) through :mod:`normkernels.kernels.elements`, so the
 three variants give identical results.
 
+``act`` is an activation epilogue (:mod:`normkernels.kernels.activations`; ``NONE``:
+none), applied in the compute dtype before Y is rounded to its dtype.
+
 The ``(x - mean) * a + B`` form is deliberate: folding to ``x * a + (B - mean * a)``
 saves one subtraction but cancels catastrophically when ``|mean| >> std``.
 """
@@ -33,6 +36,7 @@ saves one subtraction but cancels catastrophically when ``|mean| >> std``.
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.activations import activate
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS, MIN_PLANE, VECTOR_BYTES
 from normkernels.kernels.vectors import (
@@ -86,58 +90,58 @@ def _block_bounds(blk, first, n, block):
 
 
 @njit(**_INLINE)
-def _run(x, y, m, a, b):
-    """``y = (x - m) * a + b`` over equal-length slices, scalar parameters."""
+def _run(x, y, m, a, b, act):
+    """``y = act((x - m) * a + b)`` over equal-length slices, scalar parameters."""
     for i in range(x.size):
-        store(y, i, (load(x, i) - m) * a + b)
+        store(y, i, activate(act, (load(x, i) - m) * a + b))
 
 
 @njit(**_INLINE)
-def run_tables(x, y, mean, a, b):
-    """``y = (x - mean) * a + b`` elementwise over slices (tables may be longer)."""
+def run_tables(x, y, mean, a, b, act):
+    """``y = act((x - mean) * a + b)`` elementwise over slices (tables may be longer)."""
     for i in range(x.size):
-        store(y, i, (load(x, i) - mean[i]) * a[i] + b[i])
+        store(y, i, activate(act, (load(x, i) - mean[i]) * a[i] + b[i]))
 
 
 @njit(**_INLINE)
-def planes_scalar(x, y, lo, hi, C, S, mean, a, b):
+def planes_scalar(x, y, lo, hi, C, S, mean, a, b, act):
     """Elements ``lo..hi-1`` of planes of ``S``, one plane segment at a time."""
     while lo < hi:
         plane = lo // S
         end = min(hi, (plane + 1) * S)
         c = plane % C
-        _run(x[lo:end], y[lo:end], mean[c], a[c], b[c])
+        _run(x[lo:end], y[lo:end], mean[c], a[c], b[c], act)
         lo = end
 
 
 @njit(**_INLINE)
-def stream_one(x, y, i, m, a, b):
-    stream_scale_shift(x, y, i, m, a, b)
+def stream_one(x, y, i, m, a, b, act):
+    stream_scale_shift(x, y, i, m, a, b, act)
 
 
 @njit(**_INLINE)
-def stream_split(x, y, i, m0, a0, b0, m1, a1, b1, split):
-    stream_scale_shift_split(x, y, i, m0, a0, b0, m1, a1, b1, split)
+def stream_split(x, y, i, m0, a0, b0, m1, a1, b1, split, act):
+    stream_scale_shift_split(x, y, i, m0, a0, b0, m1, a1, b1, split, act)
 
 
 @njit(**_INLINE)
-def _stream_tables(x, y, i, mean, a, b, phase):
-    stream_scale_shift_tables(x, y, i, mean, a, b, phase)
+def _stream_tables(x, y, i, mean, a, b, phase, act):
+    stream_scale_shift_tables(x, y, i, mean, a, b, phase, act)
 
 
 @njit(**_INLINE)
-def vector_one(x, y, i, m, a, b):
-    vector_scale_shift(x, y, i, m, a, b)
+def vector_one(x, y, i, m, a, b, act):
+    vector_scale_shift(x, y, i, m, a, b, act)
 
 
 @njit(**_INLINE)
-def vector_split(x, y, i, m0, a0, b0, m1, a1, b1, split):
-    vector_scale_shift_split(x, y, i, m0, a0, b0, m1, a1, b1, split)
+def vector_split(x, y, i, m0, a0, b0, m1, a1, b1, split, act):
+    vector_scale_shift_split(x, y, i, m0, a0, b0, m1, a1, b1, split, act)
 
 
 @njit(**_INLINE)
-def _vector_tables(x, y, i, mean, a, b, phase):
-    vector_scale_shift_tables(x, y, i, mean, a, b, phase)
+def _vector_tables(x, y, i, mean, a, b, phase, act):
+    vector_scale_shift_tables(x, y, i, mean, a, b, phase, act)
 
 
 # The loops below take their vector operations as arguments (``vector_*`` or
@@ -147,13 +151,13 @@ def _vector_tables(x, y, i, mean, a, b, phase):
 
 
 @njit(**_INLINE)
-def planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
+def planes_range(x, y, lo, hi, C, S, mean, a, b, one, split, act):
     """Elements ``lo..hi-1`` of planes of ``S >= MIN_PLANE``: scalar head to 64-byte
     alignment, vectors across plane boundaries, scalar tail."""
     width = VECTOR_BYTES // y.itemsize
     head = min(hi - lo, elements_to_alignment(y[lo:hi]))
     body_end = lo + head + (hi - lo - head) // width * width
-    planes_scalar(x, y, lo, lo + head, C, S, mean, a, b)
+    planes_scalar(x, y, lo, lo + head, C, S, mean, a, b, act)
     i = lo + head
     plane = i // S
     c = plane % C
@@ -163,20 +167,20 @@ def planes_range(x, y, lo, hi, C, S, mean, a, b, one, split):
         inner_end = min(body_end, i + (boundary - i) // width * width)
         m, ac, bc = mean[c], a[c], b[c]
         for j in range(i, inner_end, width):
-            one(x, y, j, m, ac, bc)
+            one(x, y, j, m, ac, bc, act)
         i = inner_end
         c_next = c + 1 if c + 1 < C else 0
         if i < boundary and i < body_end:  # one vector straddles two planes
-            split(x, y, i, m, ac, bc, mean[c_next], a[c_next], b[c_next], boundary - i)
+            split(x, y, i, m, ac, bc, mean[c_next], a[c_next], b[c_next], boundary - i, act)
             i += width
         if i >= boundary:
             c = c_next
             boundary += S
-    planes_scalar(x, y, body_end, hi, C, S, mean, a, b)
+    planes_scalar(x, y, body_end, hi, C, S, mean, a, b, act)
 
 
 @njit(**_INLINE)
-def _periodic_range(x, y, lo, hi, P, mean, a, b, tables):
+def _periodic_range(x, y, lo, hi, P, mean, a, b, tables, act):
     """Elements ``lo..hi-1`` with parameter tables of period ``P``. The tables hold at
     least ``P + 32`` entries and ``P >= 32``, so a vector starting at any phase reads
     inside them and one subtraction of ``P`` wraps the phase."""
@@ -187,74 +191,75 @@ def _periodic_range(x, y, lo, hi, P, mean, a, b, tables):
     phase = lo % P
     head = min(n, elements_to_alignment(ys))
     body = head + (n - head) // width * width
-    run_tables(xs[:head], ys[:head], mean[phase:], a[phase:], b[phase:])
+    run_tables(xs[:head], ys[:head], mean[phase:], a[phase:], b[phase:], act)
     phase += head
     if phase >= P:
         phase -= P
     for i in range(head, body, width):
-        tables(xs, ys, i, mean, a, b, phase)
+        tables(xs, ys, i, mean, a, b, phase, act)
         phase += width
         if phase >= P:
             phase -= P
-    run_tables(xs[body:], ys[body:], mean[phase:], a[phase:], b[phase:])
+    run_tables(xs[body:], ys[body:], mean[phase:], a[phase:], b[phase:], act)
 
 
 @njit(**_INLINE)
-def scale_shift_planes_serial(x, y, C, S, mean, a, b):
-    """``y[i] = (x[i] - mean[c]) * a[c] + b[c]``, ``c = (i // S) % C``; one thread."""
+def scale_shift_planes_serial(x, y, C, S, mean, a, b, act):
+    """``y[i] = act((x[i] - mean[c]) * a[c] + b[c])``, ``c = (i // S) % C``; one
+    thread."""
     if S >= MIN_PLANE:
-        planes_range(x, y, 0, x.size, C, S, mean, a, b, vector_one, vector_split)
+        planes_range(x, y, 0, x.size, C, S, mean, a, b, vector_one, vector_split, act)
     else:
-        planes_scalar(x, y, 0, x.size, C, S, mean, a, b)
+        planes_scalar(x, y, 0, x.size, C, S, mean, a, b, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_planes_parallel(x, y, C, S, mean, a, b, block):
+def scale_shift_planes_parallel(x, y, C, S, mean, a, b, block, act):
     """Parallel :func:`scale_shift_planes_serial`."""
     n = x.size
     first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
         lo, hi = _block_bounds(blk, first, n, block)
         if S >= MIN_PLANE:
-            planes_range(x, y, lo, hi, C, S, mean, a, b, vector_one, vector_split)
+            planes_range(x, y, lo, hi, C, S, mean, a, b, vector_one, vector_split, act)
         else:
-            planes_scalar(x, y, lo, hi, C, S, mean, a, b)
+            planes_scalar(x, y, lo, hi, C, S, mean, a, b, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_planes_streaming(x, y, C, S, mean, a, b, block):
+def scale_shift_planes_streaming(x, y, C, S, mean, a, b, block, act):
     """:func:`scale_shift_planes_parallel` with streaming stores; ``S >= MIN_PLANE``
     and ``y`` aligned to its itemsize."""
     n = x.size
     first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
         lo, hi = _block_bounds(blk, first, n, block)
-        planes_range(x, y, lo, hi, C, S, mean, a, b, stream_one, stream_split)
+        planes_range(x, y, lo, hi, C, S, mean, a, b, stream_one, stream_split, act)
         store_fence()
 
 
 @njit(**_INLINE)
-def scale_shift_periodic_serial(x, y, P, mean, a, b):
-    """``y[i] = (x[i] - mean[i % P]) * a[i % P] + b[i % P]``; one thread."""
-    _periodic_range(x, y, 0, x.size, P, mean, a, b, _vector_tables)
+def scale_shift_periodic_serial(x, y, P, mean, a, b, act):
+    """``y[i] = act((x[i] - mean[i % P]) * a[i % P] + b[i % P])``; one thread."""
+    _periodic_range(x, y, 0, x.size, P, mean, a, b, _vector_tables, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_periodic_parallel(x, y, P, mean, a, b, block):
+def scale_shift_periodic_parallel(x, y, P, mean, a, b, block, act):
     """Parallel :func:`scale_shift_periodic_serial`."""
     n = x.size
     first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
         lo, hi = _block_bounds(blk, first, n, block)
-        _periodic_range(x, y, lo, hi, P, mean, a, b, _vector_tables)
+        _periodic_range(x, y, lo, hi, P, mean, a, b, _vector_tables, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def scale_shift_periodic_streaming(x, y, P, mean, a, b, block):
+def scale_shift_periodic_streaming(x, y, P, mean, a, b, block, act):
     """:func:`scale_shift_periodic_parallel` with streaming stores."""
     n = x.size
     first, n_blocks = _blocks(y, block)
     for blk in prange(n_blocks):
         lo, hi = _block_bounds(blk, first, n, block)
-        _periodic_range(x, y, lo, hi, P, mean, a, b, _stream_tables)
+        _periodic_range(x, y, lo, hi, P, mean, a, b, _stream_tables, act)
         store_fence()

@@ -34,6 +34,8 @@ from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from normkernels.kernels import activations
+from normkernels.kernels.activations import ActivationType
 from normkernels.kernels.elements import narrow_bf16, narrow_f16, widen_bf16, widen_f16
 from normkernels.kernels.options import VECTOR_BYTES
 from normkernels.kernels.target import jit_target
@@ -222,6 +224,7 @@ def _codegen(mode, nontemporal):
             xv = widen(builder, xv, lanes)
         mean, a, b = _parameters(context, builder, sig, args, mode, lanes, xv.type.element)
         yv = builder.fadd(builder.fmul(builder.fsub(xv, mean), a), b)
+        yv = activations.build(builder, sig.args[-1].kind, yv)
         if narrow is not None:
             yv = narrow(builder, yv, lanes)
         _store(context, builder, yty, args[1], index, yv, nontemporal)
@@ -240,34 +243,39 @@ def _compute_type(y):
 
 
 def _scalars_intrinsic(nontemporal):
-    def typer(typingctx, x, y, index, mean, a, b):
+    def typer(typingctx, x, y, index, mean, a, b, act):
         if not _arrays_ok(x, y, index) or any(t != _compute_type(y) for t in (mean, a, b)):
             return None
-        return types.void(x, y, index, mean, a, b), _codegen("scalars", nontemporal)
+        if not isinstance(act, ActivationType):
+            return None
+        return types.void(x, y, index, mean, a, b, act), _codegen("scalars", nontemporal)
 
     return intrinsic(typer)
 
 
 def _tables_intrinsic(nontemporal):
-    def typer(typingctx, x, y, index, mean, a, b, phase):
+    def typer(typingctx, x, y, index, mean, a, b, phase, act):
         tables = (mean, a, b)
         if not _arrays_ok(x, y, index) or not isinstance(phase, types.Integer):
             return None
         if not all(isinstance(t, types.Array) and t.dtype == _compute_type(y) for t in tables):
             return None
-        return types.void(x, y, index, mean, a, b, phase), _codegen("tables", nontemporal)
+        if not isinstance(act, ActivationType):
+            return None
+        return (types.void(x, y, index, mean, a, b, phase, act),
+                _codegen("tables", nontemporal))
 
     return intrinsic(typer)
 
 
 def _split_intrinsic(nontemporal):
-    def typer(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split):
+    def typer(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split, act):
         scalars = (mean0, a0, b0, mean1, a1, b1)
         if not _arrays_ok(x, y, index) or not isinstance(split, types.Integer):
             return None
-        if any(t != _compute_type(y) for t in scalars):
+        if any(t != _compute_type(y) for t in scalars) or not isinstance(act, ActivationType):
             return None
-        return (types.void(x, y, index, *scalars, split),
+        return (types.void(x, y, index, *scalars, split, act),
                 _codegen("split", nontemporal))
 
     return intrinsic(typer)

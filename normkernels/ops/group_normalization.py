@@ -70,10 +70,11 @@ def _check_rank(label, X, least):
                          f"got shape {X.shape}")
 
 
-def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path):
+def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act=None):
     """``(Y, mean, M2, count)``: Y written to ``out`` (or a new array), the per-(n,
     group) mean and M2 (flat ``n * groups + g``, float64) over ``count`` elements each.
-    ``scale`` and ``bias`` per channel, checked."""
+    ``scale`` and ``bias`` per channel, checked; ``act`` an activation epilogue's name
+    (:mod:`normkernels.kernels.activations`) or None."""
     C = common.channel_count(X, data_format)
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     N = X.shape[0]
@@ -82,14 +83,15 @@ def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path
         raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent: "
                          "the mean and variance of zero elements are undefined")
     stats = {}
+    extra = {} if act is None else {"act": act}  # engines without epilogues take none
 
     def kernel(x, y, C, S):
         if S == spatial:  # channels-first memory (or spatial size 1: both agree)
             stats["m"] = engine.instance_planes(x, y, C, S, scale, bias, eps, path,
-                                                group=C // groups)
+                                                group=C // groups, **extra)
         else:  # channels-last memory
             stats["m"] = engine.instance_rows(x, y, N, C, scale, bias, eps, path,
-                                              group=C // groups)
+                                              group=C // groups, **extra)
 
     Y = common.map_layout(X, data_format, out, kernel)
     mean, m2 = stats.get("m", (np.zeros(N * groups), np.zeros(N * groups)))

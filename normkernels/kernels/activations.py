@@ -1,0 +1,263 @@
+"""Activation epilogues: ReLU, SiLU and GELU (tanh form) applied to a normalization's
+result while it is in registers, before it is rounded to the output dtype.
+
+A kernel takes the activation as an argument ``act`` whose Numba *type* names it
+(:class:`ActivationType`): each kernel compiles once per (dtype, layout, activation),
+and code for an activation is only generated where it is asked for (``NONE`` adds no
+instruction). The same IR builder (:func:`build`) serves the 64-byte vector bodies of
+:mod:`normkernels.kernels.vectors` and the scalar heads and tails (:func:`activate`), so
+a result does not depend on where in a row its element falls, nor on the CPU: only
+``fadd``/``fsub``/``fmul``/``fdiv``, comparisons, selects and integer operations on the
+exponent bits, no FMA contraction, no library call (a libm ``expf`` would not
+vectorise, and its bits differ between libms).
+
+Definitions (PyTorch's, which every peer uses), in the compute dtype (float32 for
+16-bit and float32 X, float64 for float64 X):
+
+* ``relu(y) = max(y, 0)``, NaN kept (``y < 0 ? 0 : y``);
+* ``silu(y) = y * sigmoid(y)``;
+* ``gelu_tanh(y) = 0.5 y (1 + tanh(sqrt(2 / pi) (y + 0.044715 y^3)))``, evaluated as
+  ``y * sigmoid(2 u)`` (``0.5 (1 + tanh(u)) = sigmoid(2 u)``, which does not cancel
+  where ``tanh(u)`` is near -1).
+
+``sigmoid(z)`` is ``1 / (1 + e)`` for ``z >= 0`` and ``e / (1 + e)`` below, with ``e =
+exp(-|z|)``: the exponential only ever sees arguments <= 0, so it cannot overflow,
+and ``exp`` of less than -104 (float32; -746 float64) is 0. ``exp(t)``: Cody-Waite
+reduction ``t = k ln2 + r`` (``|r| <= ln2 / 2``; ``k`` rounded by adding and
+subtracting 1.5 * 2^23 or 2^52), Cephes' polynomial (float32: degree 7, within 1 ulp;
+float64: its Pade form ``1 + 2 r P / (Q - r P)``), and ``2^k`` as two exponent-bit
+factors (``k`` down to -150 or -1076 stays within the normal range in each factor;
+the last product rounds once into the subnormals). Error of an activated result
+(tests/oracle.py): at most ``ACTIVATION_ULPS`` units of the compute dtype's roundoff
+relative to ``|y| * max(1, sigmoid)``, on top of the propagated error of ``y``
+(the activations' slopes are within [-0.13, 1.13]).
+
+Non-finite values: ``silu(+inf) = inf``, ``silu(-inf) = -inf * 0 = NaN`` and
+``gelu_tanh(-inf)`` NaN as in PyTorch; NaN stays NaN.
+"""
+
+import math
+
+from llvmlite import ir
+from numba import types
+from numba.core.extending import (
+    NativeValue,
+    intrinsic,
+    models,
+    register_model,
+    typeof_impl,
+    unbox,
+)
+from numba.core.imputils import lower_constant
+
+KINDS = ("none", "relu", "silu", "gelu_tanh")
+ACTIVATION_ULPS = 8  # tests: the activation's own error bound, in units of roundoff
+
+_F32 = ir.FloatType()
+_F64 = ir.DoubleType()
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+
+
+class Activation:
+    """A marker passed to kernels as ``act``; its Numba type says which activation."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, kind):
+        if kind not in KINDS:
+            raise ValueError(f"no activation {kind!r} (activations: {', '.join(KINDS)})")
+        self.kind = kind
+
+    def __repr__(self):
+        return f"Activation({self.kind!r})"
+
+    def __reduce__(self):
+        return (for_kind, (self.kind,))
+
+
+_BY_KIND = {kind: Activation(kind) for kind in KINDS}
+NONE = _BY_KIND["none"]
+RELU = _BY_KIND["relu"]
+SILU = _BY_KIND["silu"]
+GELU_TANH = _BY_KIND["gelu_tanh"]
+
+
+def marker(act):
+    """``act``'s marker: a marker itself, or a name (None: :data:`NONE`), as the spec
+    layer passes it (the spec modules import no kernel module)."""
+    return act if isinstance(act, Activation) else for_kind(act)
+
+
+def for_kind(kind):
+    """The marker of ``kind`` (None: :data:`NONE`)."""
+    if kind is None:
+        return NONE
+    try:
+        return _BY_KIND[kind]
+    except (KeyError, TypeError):
+        raise ValueError(f"no activation {kind!r} (activations: None, "
+                         f"{', '.join(KINDS[1:])})") from None
+
+
+class ActivationType(types.Type):
+    def __init__(self, kind):
+        self.kind = kind
+        super().__init__(name=f"Activation({kind})")
+
+
+@register_model(ActivationType)
+class _ActivationModel(models.OpaqueModel):
+    pass
+
+
+@typeof_impl.register(Activation)
+def _typeof_activation(val, c):
+    return ActivationType(val.kind)
+
+
+@unbox(ActivationType)
+def _unbox_activation(typ, obj, c):
+    return NativeValue(c.context.get_dummy_value())
+
+
+# --- IR ---------------------------------------------------------------------------------
+
+
+def _constant(value_type, x):
+    """A float constant of ``value_type`` (scalar or vector)."""
+    if isinstance(value_type, ir.VectorType):
+        return ir.Constant(value_type, [ir.Constant(value_type.element, x)] * value_type.count)
+    return ir.Constant(value_type, x)
+
+
+def _int_type(value_type):
+    """The integer type (scalar or vector) with the float type's width."""
+    element = value_type.element if isinstance(value_type, ir.VectorType) else value_type
+    bits = _I64 if element == _F64 else _I32
+    if isinstance(value_type, ir.VectorType):
+        return ir.VectorType(bits, value_type.count)
+    return bits
+
+
+def _int_constant(int_type, x):
+    if isinstance(int_type, ir.VectorType):
+        return ir.Constant(int_type, [ir.Constant(int_type.element, x)] * int_type.count)
+    return ir.Constant(int_type, x)
+
+
+def _is_double(value_type):
+    element = value_type.element if isinstance(value_type, ir.VectorType) else value_type
+    return element == _F64
+
+
+# float32: Cephes expf; float64: Cephes exp (Pade form)
+_F32_EXP = dict(low=-104.0, magic=12582912.0, ln2_hi=0.693359375, ln2_lo=-2.12194440e-4,
+                poly=(1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+                      1.6666665459e-1, 5.0000001201e-1), bias=127, mantissa=23)
+_F64_EXP = dict(low=-746.0, magic=6755399441055744.0, ln2_hi=6.93145751953125e-1,
+                ln2_lo=1.42860682030941723212e-6,
+                p=(1.26177193074810590878e-4, 3.02994407707441961300e-2,
+                   9.99999999999999999910e-1),
+                q=(3.00198505138664455042e-6, 2.52448340349684104192e-3,
+                   2.27265548208155028766e-1, 2.00000000000000000009e0),
+                bias=1023, mantissa=52)
+
+
+def _horner(builder, x, coefficients):
+    ty = x.type
+    acc = _constant(ty, coefficients[0])
+    for c in coefficients[1:]:
+        acc = builder.fadd(builder.fmul(acc, x), _constant(ty, c))
+    return acc
+
+
+def _exp_nonpositive(builder, t):
+    """``exp(t)`` for ``t <= 0`` (a NaN gives some finite value: callers multiply it by
+    the NaN they came from); 0 below the dtype's ``low``."""
+    ty = t.type
+    k_ = _F64_EXP if _is_double(ty) else _F32_EXP
+    low = _constant(ty, k_["low"])
+    below = builder.fcmp_ordered("<", t, low)
+    ordered = builder.fcmp_ordered("==", t, t)
+    # clamp into [low, 0]; a NaN becomes 0 (fptosi of NaN would be poison)
+    u = builder.select(below, low, builder.select(ordered, t, _constant(ty, 0.0)))
+    magic = _constant(ty, k_["magic"])
+    k = builder.fsub(builder.fadd(builder.fmul(u, _constant(ty, 1.0 / math.log(2.0))), magic),
+                     magic)
+    r = builder.fsub(builder.fsub(u, builder.fmul(k, _constant(ty, k_["ln2_hi"]))),
+                     builder.fmul(k, _constant(ty, k_["ln2_lo"])))
+    one = _constant(ty, 1.0)
+    if _is_double(ty):
+        rr = builder.fmul(r, r)
+        px = builder.fmul(r, _horner(builder, rr, k_["p"]))
+        qx = _horner(builder, rr, k_["q"])
+        e = builder.fadd(one, builder.fmul(_constant(ty, 2.0),
+                                           builder.fdiv(px, builder.fsub(qx, px))))
+    else:
+        rr = builder.fmul(r, r)
+        e = builder.fadd(builder.fadd(builder.fmul(_horner(builder, r, k_["poly"]), rr), r),
+                         one)
+    # 2^k as 2^k1 * 2^k2, k1 = k >> 1: each factor a normal number
+    ity = _int_type(ty)
+    ki = builder.fptosi(k, ity)
+    k1 = builder.ashr(ki, _int_constant(ity, 1))
+    k2 = builder.sub(ki, k1)
+    shift = _int_constant(ity, k_["mantissa"])
+    bias = _int_constant(ity, k_["bias"])
+    f1 = builder.bitcast(builder.shl(builder.add(k1, bias), shift), ty)
+    f2 = builder.bitcast(builder.shl(builder.add(k2, bias), shift), ty)
+    e = builder.fmul(builder.fmul(e, f1), f2)
+    return builder.select(below, _constant(ty, 0.0), e)
+
+
+def _sigmoid(builder, z):
+    """``1 / (1 + e)`` (z >= 0) or ``e / (1 + e)`` with ``e = exp(-|z|)``."""
+    ty = z.type
+    zero = _constant(ty, 0.0)
+    positive = builder.fcmp_ordered(">", z, zero)
+    e = _exp_nonpositive(builder, builder.select(positive, builder.fsub(zero, z), z))  # -|z|
+    denominator = builder.fadd(_constant(ty, 1.0), e)
+    numerator = builder.select(builder.fcmp_ordered(">=", z, zero), _constant(ty, 1.0), e)
+    return builder.fdiv(numerator, denominator)
+
+
+_GELU_A = math.sqrt(2.0 / math.pi)
+_GELU_B = 0.044715
+
+
+def build(builder, kind, y):
+    """IR of the activation ``kind`` on ``y`` (a float or double, scalar or vector)."""
+    if kind == "none":
+        return y
+    ty = y.type
+    if kind == "relu":
+        return builder.select(builder.fcmp_ordered("<", y, _constant(ty, 0.0)),
+                              _constant(ty, 0.0), y)
+    if kind == "silu":
+        return builder.fmul(y, _sigmoid(builder, y))
+    if kind == "gelu_tanh":
+        cube = builder.fmul(builder.fmul(y, y), y)
+        inner = builder.fadd(y, builder.fmul(_constant(ty, _GELU_B), cube))
+        two_u = builder.fmul(_constant(ty, 2.0 * _GELU_A), inner)
+        return builder.fmul(y, _sigmoid(builder, two_u))
+    raise ValueError(f"no activation {kind!r}")
+
+
+@intrinsic
+def activate(typingctx, act, value):
+    """``act`` applied to the scalar ``value`` (float32 or float64), as the vector
+    bodies apply it."""
+    if not (isinstance(act, ActivationType) and value in (types.float32, types.float64)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return build(builder, act.kind, args[1])
+
+    return value(act, value), codegen
+
+
+@lower_constant(ActivationType)
+def _constant_activation(context, builder, ty, pyval):
+    """A marker used as a global inside a kernel (``activations.NONE``)."""
+    return context.get_dummy_value()

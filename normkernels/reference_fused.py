@@ -1,0 +1,39 @@
+"""The fused operators' twins in NumPy, for :mod:`normkernels.reference`: the
+activation epilogues (:func:`activation`, from the definitions with NumPy's ``exp``,
+not the kernels' polynomial: an independent evaluation) and SkipGroupNorm's skip add
+(:func:`skip_sums_rows`, the rule of :func:`normkernels.kernels.skip_sums.skip_sums`).
+"""
+
+import numpy as np
+
+from normkernels.dtypes import row_compute_dtype
+
+
+def activation(act, y):
+    """The activation epilogue ``act`` (a name or marker, or None) of ``y`` in its
+    dtype, with NumPy's ``exp`` (the twin is an independent evaluation)."""
+    kind = getattr(act, "kind", act) or "none"
+    if kind == "none":
+        return y
+    with np.errstate(all="ignore"):
+        if kind == "relu":
+            return np.where(y < 0, y.dtype.type(0), y)
+        z = y if kind == "silu" else 2 * np.sqrt(2 / np.pi, dtype=y.dtype) * (
+            y + y.dtype.type(0.044715) * (y * y * y))
+        e = np.exp(-np.abs(z))
+        return y * (np.where(z >= 0, y.dtype.type(1), e) / (1 + e))
+
+
+def skip_sums_rows(x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C):
+    """:meth:`normkernels.engine.Engine.skip_sums` in NumPy."""
+    cd = row_compute_dtype(x.dtype)
+    M = x.size // K
+    unit = np.arange(M) // rows_per_skip
+    with np.errstate(all="ignore"):
+        s = (skip.reshape(-1, K).astype(cd)[unit] if skip_rows
+             else skip.astype(cd)[unit][:, None])
+        total = x.reshape(M, K).astype(cd) + s
+        if bias is not None:
+            total = total + (bias.astype(cd)[None, :] if per_column
+                             else bias.astype(cd)[np.arange(M) % C][:, None])
+        dest.reshape(M, K)[...] = total.astype(dest.dtype)
