@@ -24,6 +24,7 @@ from numba import njit
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels import inference, rows
+from normkernels.kernels.activations import NONE
 from normkernels.kernels.options import KERNEL_OPTIONS
 
 _OPTIONS = {k: v for k, v in KERNEL_OPTIONS.items() if k != "nogil"}
@@ -74,7 +75,7 @@ def normalize_plane(x, mean, var, scale, bias, epsilon, out):
     p = np.empty(4, dtype)
     p[0], p[1], p[2], p[3] = scale, bias, mean, var
     inference.normalize_planes_serial(x, out, 1, x.size, p[0:1], p[1:2], p[2:3], p[3:4],
-                                      epsilon, False)
+                                      epsilon, False, NONE)
 
 
 @njit(**_OPTIONS)

@@ -97,7 +97,11 @@ class OperatorFormulas:
         if self.family in ("group", "lrn", "mvn"):
             x = X if dtype == X.dtype else X.astype(dtype)
             p = [v.astype(dtype) for v in params]
+            if self.skip:  # onnxruntime's skip add first (skip: the first parameter)
+                x, p = x + p[0], p[1:]
             y = getattr(self, f"_{self.family}_formula")(np.moveaxis(x, axis, 1), p, dtype)
+            if self.epilogue == "silu":
+                y = y / (1 + np.exp(-y))
             return np.moveaxis(y, 1, axis)
         reduced = tuple(i for i in range(X.ndim) if i != axis)
         shape = [1] * X.ndim

@@ -81,6 +81,10 @@ class Operator(OperatorFormulas):
     # (dY, X, scale, mean, var) in that order (oneDNN's training operations)
     signature: dict = field(default_factory=dict)
     chunked: Chunked = None  # how normkernels.dask runs it (None: no dask function)
+    # the attribute that names the layout, when not ``data_format``: (name, {"NCX": value,
+    # "NXC": value}) (onnxruntime's GroupNorm: channels_last)
+    layout_attribute: tuple = None
+    epilogue: str = None  # the activation its workloads apply after the affine ("silu")
 
     def __post_init__(self):
         if self.backward is not None and BACKWARD not in self.modes:
@@ -145,7 +149,10 @@ class Operator(OperatorFormulas):
         kwargs = dict(self.mode_kwargs.get(mode, {}))
         if self.groups is not None:
             kwargs[self.groups[0]] = self.group_count(C)
-        if not (self.rows or self.family == "mvn"):
+        if self.layout_attribute is not None:
+            name, values = self.layout_attribute
+            kwargs[name] = values[data_format]
+        elif not (self.rows or self.family == "mvn"):
             kwargs["data_format"] = data_format
         return kwargs
 
@@ -220,6 +227,8 @@ class Operator(OperatorFormulas):
         if mode == BACKWARD:
             count = 3 if self.batch_statistics else 1
             args = ", ".join([x, x, *[p] * count])
+        elif self.signature.get(mode):
+            args = ", ".join(x if name in ("X", "skip") else p for name in self.signature[mode])
         else:
             args = ", ".join([x, *[x] * self.skip, *[p] * self.n_params])
         kwargs = {k: repr(v) for k, v in self.mode_kwargs.get(mode, {}).items()}
@@ -228,6 +237,9 @@ class Operator(OperatorFormulas):
         if self.name in ("batchnorm-inference", "groupnorm-onednn",
                          "batchnorm-training-onednn"):  # oneDNN: NXC default
             kwargs["data_format"] = "'NCX'"
+        if self.layout_attribute is not None:
+            name, values = self.layout_attribute
+            kwargs[name] = repr(values["NCX"])
         extra = "".join(f", {k}={v}" for k, v in kwargs.items())
         return f"nk.{self.target(mode)[0]}({args}{extra})"
 
@@ -236,6 +248,11 @@ _SCALE_SHIFT_WARMUP = (WarmupCase("planes", (2, 3, 64)), WarmupCase("periodic", 
 _STATISTICS_WARMUP = (
     WarmupCase("statistics: planes", (2, 3, 1024), "NCX", "training", ("serial", "parallel")),
     WarmupCase("statistics: rows", (2, 3, 4, 4), "NXC", "training", ("serial", "parallel")))
+
+# the group normalization kernels with the SiLU epilogue, on every path and layout
+_SILU_WARMUP = (WarmupCase("fused planes", (1, 32, 1024), per_thread=True),
+                WarmupCase("fused short planes", (2, 32, 5, 5), paths=("serial", "parallel")),
+                WarmupCase("rows", (2, 4, 4, 32), "NXC", paths=("serial", "parallel")))
 
 _ROWS_EPSILON = {"inference": {"epsilon": EPSILON}}
 _ROWS_WITH_BACKWARD = {"inference": {"epsilon": EPSILON}, "backward": {"epsilon": EPSILON}}
@@ -372,6 +389,28 @@ OPERATORS = {op.name: op for op in [
              torch="group_norm",
              mode_kwargs={"inference": {"epsilon": EPSILON, "keep_stats": False}},
              chunked=Chunked("whole", "sample", ("X", "groups", "groups"))),
+    Operator("groupnorm-ort", "onnxruntime GroupNorm (com.microsoft), SiLU",
+             "ort_group_norm", "ort_group_norm", n_params=2, family="group",
+             groups=("groups", GROUPS), epilogue="silu",
+             onnx=Onnx("GroupNorm", (1,), ("X", "gamma", "beta"), None,
+                       domain="com.microsoft", versioned=False),
+             torch="group_norm",
+             mode_kwargs={"inference": {"epsilon": EPSILON, "activation": 1}},
+             layout_attribute=("channels_last", {"NCX": 0, "NXC": 1}),
+             warmup=_SILU_WARMUP),
+    Operator("skip-groupnorm-ort", "onnxruntime SkipGroupNorm (com.microsoft), SiLU",
+             "ort_skip_group_norm", "ort_group_norm", n_params=2, family="group", skip=True,
+             groups=("groups", GROUPS), epilogue="silu",
+             onnx=Onnx("SkipGroupNorm", (1,), ("X", "gamma", "beta", "skip", "bias"), None,
+                       domain="com.microsoft", required=4, versioned=False,
+                       counts_outputs=True),
+             torch="group_norm",
+             mode_kwargs={"inference": {"epsilon": EPSILON, "activation": 1}},
+             signature={"inference": ("X", "scale", "B", "skip")},
+             layout_attribute=("channels_last", {"NCX": 0, "NXC": 1}),
+             warmup=(WarmupCase("skip add", (2, 32, 4, 4), "NXC", paths=("serial",
+                                                                        "parallel")),
+                     WarmupCase("skip add", (2, 32, 4, 4), paths=("serial", "parallel")))),
     Operator("mvn", "ONNX MeanVarianceNormalization", "mean_variance_normalization",
              "mean_variance_normalization", n_params=0, family="mvn",
              onnx=Onnx("MeanVarianceNormalization", (9, 13), ("X",), None),

@@ -557,8 +557,8 @@ def activation_tolerance(kind, exact_y, tol_y, out_dtype):
     """Allowed |act(Y) - act(oracle Y)|: Y's own tolerance through the activation's
     slope (within [-0.13, 1.13]), the activation's error (normkernels'
     ``ACTIVATION_ULPS`` of the compute dtype, plus 8 per unit of the sigmoid's argument:
-    the up to 7 roundings of GELU's argument are amplified by exp), the subnormal floor, and half an ulp of a 16-bit
-    output (rounded once more)."""
+    the up to 7 roundings of GELU's argument are amplified by exp), the subnormal
+    floor, and half an ulp of a 16-bit output (rounded once more)."""
     from normkernels.kernels.activations import ACTIVATION_ULPS
 
     if kind is None or kind == "none":

@@ -16,6 +16,7 @@ from normkernels.dtypes import BFLOAT16, FLOAT16, storage_view
 from normkernels.engine import PATHS, policy
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.kernels import backward_dx, scale_shift
+from normkernels.kernels.activations import NONE, SILU
 from normkernels.kernels.elements import load, store
 from normkernels.ops import batch_normalization as bn_spec
 
@@ -118,8 +119,9 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
     cd = np.float64 if dtype == np.float64 else np.float32
     p = np.zeros(512, cd)
     for kernel, args in [
-        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024)),
-        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p, 1024)),
+        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024, NONE)),
+        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024, SILU)),
+        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p, 1024, NONE)),
         (backward_dx.apply_planes_streaming, (x, x.copy(), x.copy(), 4, 1024, p, p, p, p)),
         (backward_dx.apply_rows_streaming, (x, x.copy(), x.copy(), 256, 4, p, p, p, p)),
     ]:
@@ -198,6 +200,7 @@ def test_inliner_patch_installs_at_first_compile_and_keeps_results(tmp_path):
         from numba import njit
         from numba.core import inline_closurecall as icc
         from normkernels.kernels import inference
+        from normkernels.kernels.activations import NONE
         before = getattr(icc.InlineWorker.inline_ir, "_normkernels", False)
         rng = np.random.default_rng(0)
         x = (rng.standard_normal((2, 3, 40, 40)) * 3 + 1e4).astype(np.float32)
@@ -207,7 +210,7 @@ def test_inliner_patch_installs_at_first_compile_and_keeps_results(tmp_path):
         icc.InlineWorker.inline_ir = icc.InlineWorker.inline_ir.__wrapped__
         plain = njit(cache=False)(inference.normalize_planes_serial.py_func)
         y2 = np.empty_like(x)
-        plain(x.ravel(), y2.ravel(), 3, 1600, *p, 1e-5, False)
+        plain(x.ravel(), y2.ravel(), 3, 1600, *p, 1e-5, False, NONE)
         print(before, after, np.array_equal(y.view(np.uint32), y2.view(np.uint32)))
     """, NUMBA_CACHE_DIR=str(tmp_path))
     assert result.stdout.split() == ["False", "True", "True"]

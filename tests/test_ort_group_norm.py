@@ -273,3 +273,46 @@ def test_activation_markers():
     import pickle
 
     assert pickle.loads(pickle.dumps(activations.RELU)) is activations.RELU
+
+
+def test_onnx_evaluator_runs_a_model_with_group_norm_and_skip_group_norm(rng):
+    """A two-node com.microsoft model (GroupNorm with SiLU, then SkipGroupNorm with a
+    per-(n, c) skip, a bias and both outputs) in onnx.reference.ReferenceEvaluator with
+    normkernels' ops, against the float64 oracle; onnxruntime's CPU provider has no
+    kernel for either node."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    import normkernels.onnx as nko
+
+    N, H, W, C, G = 2, 5, 3, 16, 4
+    X = data(rng, (N, C, H, W), F32, 1)
+    g1, b1 = rng.standard_normal(C).astype(F32), rng.standard_normal(C).astype(F32)
+    g2, b2 = rng.standard_normal(C).astype(F32), rng.standard_normal(C).astype(F32)
+    skip = rng.standard_normal((N, C)).astype(F32)
+    bias = rng.standard_normal(C).astype(F32)
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("GroupNorm", ["X", "g1", "b1"], ["H"], domain="com.microsoft",
+                              groups=G, activation=1, epsilon=EPS),
+             helper.make_node("SkipGroupNorm", ["H", "g2", "b2", "skip", "bias"], ["Y", "S"],
+                              domain="com.microsoft", groups=G, activation=0, epsilon=EPS)]
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in
+             ((g1, "g1"), (b1, "b1"), (g2, "g2"), (b2, "b2"), (bias, "bias"))]
+    graph = helper.make_graph(nodes, "gn", [helper.make_tensor_value_info("X", f, X.shape),
+                                            helper.make_tensor_value_info("skip", f, skip.shape)],
+                              [helper.make_tensor_value_info("Y", f, X.shape),
+                               helper.make_tensor_value_info("S", f, X.shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    Y, S = ReferenceEvaluator(model, new_ops=nko.reference_ops()).run(
+        None, {"X": X, "skip": skip})
+    H_exact, H_tol = expected(X, g1, b1, G, 1, "silu")
+    H_got = nk.ort_group_norm(X, g1, b1, groups=G, activation=1)
+    assert_close(H_got, H_exact, H_tol)
+    S_exact = H_got.astype(F64) + skip[:, None, None, :] + bias
+    assert_close(S, S_exact, 2.0**-24 * np.abs(S_exact) + 1e-300, "S")
+    Y_exact, Y_tol = expected(S, g2, b2, G, 1, None)
+    assert_close(Y, Y_exact, Y_tol)
+    assert ("com.microsoft", "GroupNorm") in {(o.op_domain, o.__name__)
+                                             for o in nko.reference_ops()}

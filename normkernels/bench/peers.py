@@ -18,7 +18,8 @@ raises :class:`Unavailable` with the reason, which the bench prints. Peers:
   default on this CPU is bf16). Importing openvino before Numba's first parallel call
   switches Numba to OpenVINO's bundled TBB, so the bench launches a Numba kernel first.
 
-ONNX models take NCHW: for channels-last workloads those peers get an NCHW copy made
+ONNX models take NCHW (onnxruntime's GroupNorm and SkipGroupNorm take X in either layout,
+by their channels_last attribute): for channels-last workloads those peers get an NCHW copy made
 once, outside the timing, and their Y is moved back for the check. There is no ONNX
 operator for a backward pass, so onnx-ref, onnxruntime and openvino skip those.
 """
@@ -54,6 +55,8 @@ def _ncx(workload, X):
 
 
 def _back(workload, Y):
+    if workload.operator.layout_attribute is not None:
+        return Y  # the model took X in its own layout
     if workload.data_format == "NXC" and Y.ndim > 2:
         return np.moveaxis(Y, 1, -1)
     return Y
@@ -85,11 +88,16 @@ def onnx_model(workload, X, params):
     if binding is None:
         raise Unavailable(f"no ONNX operator for {workload.op}")
     _no_backward(workload, "onnx")
-    x = np.ascontiguousarray(_ncx(workload, X))
-    inputs = dict(zip(binding.inputs, [x, *params], strict=True))
+    op = workload.operator
+    # an operator with a layout attribute (channels_last) takes X as it is
+    x = np.ascontiguousarray(X if op.layout_attribute else _ncx(workload, X))
+    # an operator normkernels implements takes the node's inputs in its own order
+    given = op.arguments(x, params, workload.mode) if binding.implements else [x, *params]
+    inputs = dict(zip(binding.inputs, given, strict=False))
     training = workload.mode == "training"
     outputs = ["Y", "running_mean", "running_var"] if training else ["Y"]
-    attributes = workload.operator.kwargs(workload.mode, "NCX", x.shape[1] if x.ndim > 1 else 1)
+    layout = workload.data_format if op.layout_attribute else "NCX"
+    attributes = op.kwargs(workload.mode, layout, op.channel_count(x, layout))
     if "groups" in attributes:  # oneDNN's name for ONNX's num_groups
         attributes["num_groups"] = attributes.pop("groups")
     attributes.pop("data_format", None)
@@ -187,12 +195,17 @@ def torch_peer(workload, X, params, threads):
         run = _torch_rows(torch, F, op, x, p)
     elif op.family == "group":
         groups = op.group_count(x.shape[1])
-        if p[0].dtype != x.dtype:
+        if p[-1].dtype != x.dtype:
             p = [v.to(x.dtype) for v in p]  # torch: one dtype
+        if op.skip and channels_last:
+            p[0] = p[0].movedim(-1, 1)  # skip, as X
+        skip = p.pop(0) if op.skip else None
 
-        def run():
+        def run():  # the unfused composite a torch user writes
             with torch.no_grad():
-                return F.group_norm(x, groups, weight=p[0], bias=p[1], eps=EPSILON)
+                y = F.group_norm(x if skip is None else x + skip, groups, weight=p[0],
+                                 bias=p[1], eps=EPSILON)
+                return F.silu(y) if op.epilogue == "silu" else y
     elif op.torch == "local_response_norm":
         kwargs = op.mode_kwargs["inference"]
 
