@@ -27,6 +27,13 @@ class _NotBindable(Exception):
     pass
 
 
+def _no_epilogue(act):
+    """The bound kernels have no activation epilogue: such a call is bound as the
+    plain call."""
+    if act is not None and getattr(act, "kind", act) != "none":
+        raise _NotBindable("activation epilogue")
+
+
 class _Recorder(Engine):
     """An engine that records the one kernel call a spec function makes (per-channel
     inference, a row normalization, or instance or group normalization of
@@ -36,11 +43,14 @@ class _Recorder(Engine):
     name = "recorder"
     call = None
 
-    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False):
+    def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
+                  act=None):
+        _no_epilogue(act)
         self._record("inference", (x, y, C, S, scale, B, mean, var, epsilon))
         return True
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1):
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
+        _no_epilogue(act)
         self._record("planes", (x, y, C, S, scale, B, epsilon, group))
         n_groups = x.size // S // group
         return np.zeros(n_groups), np.ones(n_groups)

@@ -95,6 +95,10 @@ BWD_DX = "normkernels/kernels/backward_dx.py"
 BACKWARD = ["tests/test_backward.py"]
 FOLD_SPEC = "normkernels/ops/fold_batch_norm.py"
 FOLD_BN = ["tests/test_fold_batch_norm.py"]
+ACTIVATIONS = "normkernels/kernels/activations.py"
+ORT_GN_SPEC = "normkernels/ops/ort_group_norm.py"
+SKIP_SUMS_K = "normkernels/kernels/skip_sums.py"
+ORT_GN = ["tests/test_ort_group_norm.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 INLINING = "normkernels/kernels/inlining.py"
@@ -556,6 +560,38 @@ MUTATIONS = [
              "reach, not by size", [
                  (ENGINE, "args = (window, float(alpha) / int(size),",
                   "args = (window, float(alpha) / window,")], LRN),
+    # activation epilogues; onnxruntime's GroupNorm and SkipGroupNorm
+    mutation("silu-sigmoid-branches-swapped/activations", "SiLU takes e / (1 + e) for "
+             "positive y (the sigmoid's branches swapped)", [
+                 (ACTIVATIONS, "builder.select(builder.fcmp_ordered(\">=\", z, zero), "
+                  "_constant(ty, 1.0), e)", "builder.select(builder.fcmp_ordered(\"<\", z, "
+                  "zero), _constant(ty, 1.0), e)")], ORT_GN),
+    mutation("exp-polynomial-coefficient/activations", "float32 exp: Cephes' r^2 "
+             "coefficient 0.5000000120 replaced by 0.5 - 2^-12", [
+                 (ACTIVATIONS, "1.6666665459e-1, 5.0000001201e-1)",
+                  "1.6666665459e-1, 4.9975585938e-1)")], ORT_GN),
+    mutation("exp-underflow-not-zero/activations", "exp below the float32/float64 floor "
+             "returns the clamped value, not 0", [
+                 (ACTIVATIONS, "    return builder.select(below, _constant(ty, 0.0), e)",
+                  "    return e")], ORT_GN),
+    mutation("vector-activation-dropped/activations", "the vector bodies skip the "
+             "activation (the scalar heads and tails apply it)", [
+                 (VECTORS, "        yv = activations.build(builder, sig.args[-1].kind, yv)\n",
+                  "")], ORT_GN),
+    mutation("scalar-activation-dropped/activations", "the scalar heads and tails skip "
+             "the activation", [
+                 (SCALE_SHIFT, "store(y, i, activate(act, (load(x, i) - m) * a + b))",
+                  "store(y, i, (load(x, i) - m) * a + b)")], ORT_GN),
+    mutation("channels-last-inverted/ort-groupnorm", "channels_last=1 read as channels "
+             "first", [(ORT_GN_SPEC, 'return eps, ACTIVATIONS[silu], "NXC" if last else "NCX"',
+                        'return eps, ACTIVATIONS[silu], "NCX" if last else "NXC"')], ORT_GN),
+    mutation("skip-bias-dropped/ort-groupnorm", "SkipGroupNorm's NHWC skip add leaves out "
+             "the bias", [(SKIP_SUMS_K, "(row_load(x, i) + row_load(skip, i)) + bias[i])",
+                           "(row_load(x, i) + row_load(skip, i)))")], ORT_GN),
+    mutation("skip-per-sample-index/ort-groupnorm", "a per-(n, c) skip of NHWC X taken per "
+             "row instead of per sample", [
+                 (ORT_GN_SPEC, "        rows_per_skip = 1 if kind == \"full\" else spatial",
+                  "        rows_per_skip = 1")], ORT_GN),
     # BatchNorm folded into Conv/Gemm weights
     mutation("epsilon-dropped/fold", "fold_batch_norm folds a = scale / sqrt(var)", [
         (FOLD_SPEC, 'a = p64["scale"] / np.sqrt(shifted)',

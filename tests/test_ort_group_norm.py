@@ -316,3 +316,101 @@ def test_onnx_evaluator_runs_a_model_with_group_norm_and_skip_group_norm(rng):
     assert_close(Y, Y_exact, Y_tol)
     assert ("com.microsoft", "GroupNorm") in {(o.op_domain, o.__name__)
                                              for o in nko.reference_ops()}
+
+
+@pytest.mark.parametrize("last", [1, 0], ids=["nhwc", "nchw"])
+def test_bind_runs_the_plain_call(rng, last):
+    """bind of GroupNorm with SiLU: the bound kernels have no epilogue, so the bound
+    call is the plain call, reading the arrays' current contents."""
+    X = data(rng, (1, 16, 4, 4), F32, last)
+    g, b = rng.standard_normal(16).astype(F32), rng.standard_normal(16).astype(F32)
+    out = np.empty_like(X)
+    call = nk.bind(nk.ort_group_norm, X, g, b, groups=4, activation=1, channels_last=last,
+                   out=out)
+    X[...] = data(rng, (1, 16, 4, 4), F32, last)
+    assert call() is out
+    assert_identical(out, nk.ort_group_norm(X, g, b, groups=4, activation=1,
+                                            channels_last=last))
+
+
+# --- activation= on the ONNX-style operators ------------------------------------------
+
+
+def _ops(X, p, last, kind):
+    """BatchNormalization inference and training, InstanceNormalization and
+    GroupNormalization of X with the epilogue ``kind``."""
+    fmt = "NXC" if last else "NCX"
+    scale, B, mean, var = p
+    return {
+        "bn": nk.batch_normalization(X, scale, B, mean, var, data_format=fmt, activation=kind),
+        "bn-training": nk.batch_normalization(X, scale, B, mean, var, training_mode=1,
+                                              data_format=fmt, activation=kind)[0],
+        "instance": nk.instance_normalization(X, scale, B, data_format=fmt, activation=kind),
+        "group": nk.group_normalization(X, scale, B, num_groups=4, data_format=fmt,
+                                        activation=kind),
+    }
+
+
+@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("last", [1, 0], ids=["nxc", "ncx"])
+def test_activation_keyword_applies_the_epilogue_to_y(rng, last, dtype, kind):
+    """float32/float64 Y is the compute dtype's value itself, so the activated Y is the
+    activation of the plain call's Y within the activation's own error bound: the
+    same statistics, the same affine arithmetic, then the epilogue."""
+    X = data(rng, (2, 8, 7, 5), dtype, last)
+    p = (rng.standard_normal(8).astype(dtype), rng.standard_normal(8).astype(dtype),
+         rng.standard_normal(8).astype(dtype), rng.uniform(0.5, 2, 8).astype(dtype))
+    plain = _ops(X, p, last, None)
+    fused = _ops(X, p, last, kind)
+    for name, Y in plain.items():
+        tol = activation_tolerance(kind, Y.astype(F64), 0.0, dtype)
+        assert_close(fused[name], activation(kind, Y), tol, f"{name} + {kind}")
+    if kind == "relu":  # exact: a select
+        for name, Y in plain.items():
+            assert_identical(fused[name], np.where(Y < 0, dtype.type(0), Y))
+
+
+@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("last", [1, 0], ids=["nxc", "ncx"])
+def test_group_normalization_activation_matches_oracle(rng, last, dtype, kind):
+    X = data(rng, (2, 16, 9, 5), dtype, last)
+    scale, B = rng.standard_normal(16).astype(dtype), rng.standard_normal(16).astype(dtype)
+    Y = nk.group_normalization(X, scale, B, num_groups=4, data_format="NXC" if last else "NCX",
+                               activation=kind)
+    exact, tol = expected(X, scale, B, 4, last, kind)
+    assert_close(Y, exact, tol)
+
+
+def test_a_plan_never_serves_another_activation(rng):
+    """The same arrays called without, with, and again without an activation (and the
+    reverse): each result is its own (plans are keyed without the activation, so calls
+    with one take no plan)."""
+    X = data(rng, (1, 8, 6, 6), F32, 0)
+    s, b = rng.standard_normal(8).astype(F32), rng.standard_normal(8).astype(F32)
+    out = np.empty_like(X)
+    for order in ((None, "relu", None, "relu"), ("relu", None, "relu", None)):
+        for kind in order * 2:
+            Y = nk.group_normalization(X, s, b, num_groups=2, activation=kind, out=out)
+            plain = nk.group_normalization(X, s, b, num_groups=2)
+            want = plain if kind is None else np.where(plain < 0, F32.type(0), plain)
+            assert_identical(Y, want)
+            Y = nk.instance_normalization(X, s, b, activation=kind, out=out)
+            plain = nk.instance_normalization(X, s, b)
+            want = plain if kind is None else np.where(plain < 0, F32.type(0), plain)
+            assert_identical(Y, want)
+
+
+def test_activation_keyword_errors(rng):
+    X = data(rng, (1, 4, 2, 2), F32, 0)
+    s = np.ones(4, F32)
+    for bad in ("gelu", "SiLU", 1, True):
+        with pytest.raises(ValueError, match="activation must be None or one of"):
+            nk.group_normalization(X, s, s, num_groups=2, activation=bad)
+        with pytest.raises(ValueError, match="activation must be None or one of"):
+            nk.batch_normalization(X, s, s, s, s, activation=bad)
+        with pytest.raises(ValueError, match="activation must be None or one of"):
+            nk.instance_normalization(X, s, s, activation=bad)
+    from normkernels.ops.common import EPILOGUES
+    assert EPILOGUES == activations.KINDS[1:]

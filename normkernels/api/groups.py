@@ -11,7 +11,7 @@ from normkernels.ops import ort_group_norm as _ort
 
 
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None, opset=21,
-                        data_format="NCX", out=None):
+                        data_format="NCX", activation=None, out=None):
     """ONNX GroupNormalization with the semantics of ``opset`` (18 or 21).
 
     The C channels split into ``num_groups`` consecutive groups of ``C / num_groups``;
@@ -38,6 +38,11 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
         (see Notes), so the value changes no result.
     opset : int
         The model's opset; the version used is the highest at or below it.
+    activation : str, optional
+        An epilogue applied to Y in the same pass, before its one rounding (a package
+        extension, not an ONNX attribute): None (default), "relu", "silu" or
+        "gelu_tanh" (PyTorch's definitions; the error bound in the README's
+        "Group normalizations" notes).
     out : ndarray, optional
         Where to write Y (X's shape and dtype); may be X itself.
 
@@ -57,7 +62,7 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     """
     return _gn.group_normalization(X, scale, bias, num_groups=num_groups, epsilon=epsilon,
                                    stash_type=stash_type, opset=opset, data_format=data_format,
-                                   out=out, engine=ENGINE)
+                                   activation=activation, out=out, engine=ENGINE)
 
 
 def mean_variance_normalization(X, *, axes=(0, 2, 3), opset=13, out=None):

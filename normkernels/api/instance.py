@@ -5,7 +5,7 @@ from normkernels.ops import instance_normalization as _in
 
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
-                           data_format="NCX", out=None):
+                           data_format="NCX", activation=None, out=None):
     """ONNX InstanceNormalization with the semantics of ``opset`` (1, 6 or 22).
 
     ``y = scale * (x - mean) / sqrt(var + epsilon) + B`` with the mean and population
@@ -25,6 +25,11 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
         Opset 1's legacy attribute: accepted and ignored; a TypeError in later opsets.
     opset : int
         The model's opset; the version used is the highest at or below it.
+    activation : str, optional
+        An epilogue applied to Y in the same pass, before its one rounding (a package
+        extension, not an ONNX attribute): None (default), "relu", "silu" or
+        "gelu_tanh" (PyTorch's definitions; the error bound in the README's
+        "Group normalizations" notes).
     out : ndarray, optional
         Where to write the output (input's shape and dtype); may be ``input`` itself.
 
@@ -43,4 +48,5 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     """
     return _in.instance_normalization(input, scale, B, epsilon=epsilon,
                                       consumed_inputs=consumed_inputs, opset=opset,
-                                      data_format=data_format, out=out, engine=ENGINE)
+                                      data_format=data_format, activation=activation,
+                                      out=out, engine=ENGINE)

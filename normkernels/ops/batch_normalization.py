@@ -141,6 +141,7 @@ class Call(NamedTuple):  # a tuple: cheap to build on every call (per-call laten
     data_format: str
     engine: object = None
     path: str = None
+    act: str = None  # an activation epilogue's name (package extension), or None
 
 
 def prepare(opset, attributes, num_outputs=None, saved_var="variance", data_format="NCX",
@@ -193,10 +194,10 @@ def _mode(version, label, attrs, num_outputs):
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
                         training_mode=None, is_test=None, spatial=None, consumed_inputs=None,
                         num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
-                        out=None, engine, path=None):
+                        activation=None, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_normalization`; ``engine`` runs the loops."""
     key = given = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+    if path is None and activation is None:  # an earlier call's plan (see ops/plans.py)
         try:
             key = (OP, engine, opset, epsilon, momentum, training_mode, is_test, spatial,
                    consumed_inputs, num_outputs, saved_var, data_format, type(opset),
@@ -220,6 +221,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
                            "training_mode": training_mode, "is_test": is_test,
                            "spatial": spatial, "consumed_inputs": consumed_inputs},
                    num_outputs, saved_var, data_format, engine, path)
+    if activation is not None:
+        call = call._replace(act=common.check_activation(call.label, activation))
     arrays = {n: common.as_array(n, v)
               for n, v in zip(INPUTS, (X, scale, B, input_mean, input_var), strict=True)}
     check_types(call.version, arrays)
@@ -298,7 +301,7 @@ def _run(call, X, arrays, data_format, out):
     if not call.training:
         return common.infer(X, arrays["scale"], arrays["B"], arrays["input_mean"],
                             arrays["input_var"], call.epsilon, data_format, out, call.engine,
-                            call.path)
+                            call.path, call.act)
     return _training(call, X, arrays, data_format, out)
 
 
@@ -314,7 +317,7 @@ def _training(call, X, arrays, data_format, out):
     count, batch_mean, m2 = engine.channel_moments(Xc, C, S, call.path)
     batch_var = m2 / count  # population variance (divide by N)
     Y = common.infer(X, arrays["scale"], arrays["B"], batch_mean, batch_var, eps, data_format,
-                     out, engine, call.path)
+                     out, engine, call.path, call.act)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
     running_mean = engine.running(arrays["input_mean"], batch_mean, momentum, stats_dtype)
     running_var = engine.running(arrays["input_var"], batch_var, momentum, stats_dtype)

@@ -206,6 +206,17 @@ def check_int_attribute(op, name, value, choices=None):
     return number
 
 
+EPILOGUES = ("relu", "silu", "gelu_tanh")  # normkernels.kernels.activations.KINDS[1:]
+
+
+def check_activation(op, activation):
+    """An activation epilogue's name: None (none) or one of :data:`EPILOGUES`."""
+    if activation is None or (isinstance(activation, str) and activation in EPILOGUES):
+        return activation
+    raise ValueError(f"{op}: activation must be None or one of {', '.join(EPILOGUES)}, "
+                     f"got {activation!r}")
+
+
 def check_epsilon(op, epsilon, positive=False):
     return check_float_attribute(op, "epsilon", epsilon, positive)
 
@@ -308,12 +319,14 @@ def contiguous_layout(X, data_format):
     return X.transpose(order), channel_count(X, data_format), S
 
 
-def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None):
-    """Y = (X - mean) * scale / sqrt(var + epsilon) + B per channel, written to ``out``
-    (or a new array); the engine folds the parameters (the rule of
-    :func:`normkernels.reference.fold_parameters`)."""
+def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None, act=None):
+    """Y = act((X - mean) * scale / sqrt(var + epsilon) + B) per channel, written to
+    ``out`` (or a new array); the engine folds the parameters (the rule of
+    :func:`normkernels.reference.fold_parameters`). ``act``: an activation's name, or
+    None."""
+    extra = {} if act is None else {"act": act}  # engines without epilogues take none
     return map_layout(X, data_format, out, lambda x, y, C, S: engine.inference(
-        x, y, C, S, scale, B, mean, var, epsilon, path))
+        x, y, C, S, scale, B, mean, var, epsilon, path, **extra))
 
 
 def map_layout(X, data_format, out, kernel):

@@ -99,10 +99,11 @@ def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path
 
 
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None,
-                        opset=21, data_format="NCX", out=None, engine, path=None):
+                        opset=21, data_format="NCX", activation=None, out=None, engine,
+                        path=None):
     """Spec layer of :func:`normkernels.group_normalization`."""
     key = given = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+    if path is None and activation is None:  # an earlier call's plan (see ops/plans.py)
         try:
             key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format,
                    type(opset), type(epsilon), type(stash_type), type(num_groups),
@@ -122,6 +123,7 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     attrs = common.resolve_attributes(label, version, {"epsilon": epsilon,
                                                        "stash_type": stash_type})
     eps = common.check_epsilon(label, attrs["epsilon"])
+    act = common.check_activation(label, activation)
     if "stash_type" in attrs:
         from normkernels.ops.layer_normalization import stash_dtype
 
@@ -150,7 +152,7 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     scale, bias = arrays["scale"], arrays["bias"]
     if version.per_group:  # each channel takes its group's value
         scale, bias = np.repeat(scale, C // groups), np.repeat(bias, C // groups)
-    Y = normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path)[0]
+    Y = normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act)[0]
     # a plan for per-channel parameters only (opset 18's are repeated per call)
     if key is not None and eps and not version.per_group and plans.plain(given, checked):
         spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])

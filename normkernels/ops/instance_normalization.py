@@ -65,12 +65,12 @@ def check_rank(version, label, shape):
 
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
-                           data_format="NCX", out=None, engine, path=None):
+                           data_format="NCX", activation=None, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.instance_normalization`; ``engine`` runs the
     loops (``engine.instance_planes`` for channels-first memory,
     ``engine.instance_rows`` for channels-last)."""
     key = given = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+    if path is None and activation is None:  # an earlier call's plan (see ops/plans.py)
         try:
             key = (OP, engine, opset, epsilon, consumed_inputs, data_format, type(opset),
                    type(epsilon), type(consumed_inputs), type(data_format),
@@ -88,6 +88,8 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     version, label, eps = prepare(opset, {"epsilon": epsilon,
                                           "consumed_inputs": consumed_inputs})
     common.check_data_format(label, data_format)
+    act = common.check_activation(label, activation)
+    extra = {} if act is None else {"act": act}  # engines without epilogues take none
     arrays = {"input": common.as_array("input", input), "scale": common.as_array("scale", scale),
               "B": common.as_array("B", B)}
     check_types(version, label, arrays)
@@ -105,9 +107,10 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
 
     def kernel(x, y, C, S):
         if S == spatial:  # channels-first memory (or spatial size 1: both agree)
-            engine.instance_planes(x, y, C, S, arrays["scale"], arrays["B"], eps, path)
+            engine.instance_planes(x, y, C, S, arrays["scale"], arrays["B"], eps, path,
+                                   **extra)
         else:  # channels-last memory
-            engine.instance_rows(x, y, N, C, arrays["scale"], arrays["B"], eps, path)
+            engine.instance_rows(x, y, N, C, arrays["scale"], arrays["B"], eps, path, **extra)
 
     Y = common.map_layout(X, data_format, out, kernel)
     if key is not None and eps and plans.plain(given, (X, arrays["scale"], arrays["B"])):
