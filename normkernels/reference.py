@@ -44,7 +44,7 @@ from normkernels.ops import moments as _moments
 from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
-from normkernels.reference_fused import activation, skip_sums_rows
+from normkernels.reference_fused import activation, gated_sums_rows, skip_sums_rows
 from normkernels.reference_lp import c_pow, lp_fold, round_once
 
 
@@ -85,6 +85,9 @@ class NumPyEngine(Engine):
     def skip_sums(self, x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C,
                   path=None):
         skip_sums_rows(x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column, C)
+
+    def gated_sums(self, x, residual, gate, dest, K, rows_per_gate, path=None):
+        gated_sums_rows(x, residual, gate, dest, K, rows_per_gate)
 
     def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
         groups = x.reshape(-1, group * S).astype(np.float64)  # a group's planes: contiguous

@@ -1,7 +1,8 @@
 """The fused operators' twins in NumPy, for :mod:`normkernels.reference`: the
 activation epilogues (:func:`activation`, from the definitions with NumPy's ``exp``,
 not the kernels' polynomial: an independent evaluation) and SkipGroupNorm's skip add
-(:func:`skip_sums_rows`, the rule of :func:`normkernels.kernels.skip_sums.skip_sums`).
+(:func:`skip_sums_rows`, the rule of :func:`normkernels.kernels.skip_sums.skip_sums`)
+and the gated residual of ``ada_layer_norm`` (:func:`gated_sums_rows`).
 """
 
 import numpy as np
@@ -36,4 +37,14 @@ def skip_sums_rows(x, skip, bias, dest, K, rows_per_skip, skip_rows, per_column,
         if bias is not None:
             total = total + (bias.astype(cd)[None, :] if per_column
                              else bias.astype(cd)[np.arange(M) % C][:, None])
+        dest.reshape(M, K)[...] = total.astype(dest.dtype)
+
+
+def gated_sums_rows(x, residual, gate, dest, K, rows_per_gate):
+    """:meth:`normkernels.engine.Engine.gated_sums` in NumPy."""
+    cd = row_compute_dtype(x.dtype)
+    M = x.size // K
+    g = np.asarray(gate, cd).reshape(-1, K)[np.arange(M) // rows_per_gate]
+    with np.errstate(all="ignore"):
+        total = residual.reshape(M, K).astype(cd) + g * x.reshape(M, K).astype(cd)
         dest.reshape(M, K)[...] = total.astype(dest.dtype)

@@ -99,6 +99,8 @@ ACTIVATIONS = "normkernels/kernels/activations.py"
 ORT_GN_SPEC = "normkernels/ops/ort_group_norm.py"
 SKIP_SUMS_K = "normkernels/kernels/skip_sums.py"
 ORT_GN = ["tests/test_ort_group_norm.py"]
+ADA_SPEC = "normkernels/ops/ada_layer_norm.py"
+ADA = ["tests/test_ada_layer_norm.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 INLINING = "normkernels/kernels/inlining.py"
@@ -592,6 +594,16 @@ MUTATIONS = [
              "row instead of per sample", [
                  (ORT_GN_SPEC, "        rows_per_skip = 1 if kind == \"full\" else spatial",
                   "        rows_per_skip = 1")], ORT_GN),
+    mutation("scale-without-one/ada-layer-norm", "AdaLN multiplies by scale, not 1 + scale",
+             [(ADA_SPEC, "        s_all = 1.0 + tables[\"scale\"]",
+               "        s_all = tables[\"scale\"]")], ADA),
+    mutation("zero-shift-positive/ada-layer-norm", "a zero shift adds +0.0 (AdaLN-Zero is "
+             "then not LayerNorm bit for bit)", [
+                 (ADA_SPEC, "b_all = np.where(tables[\"shift\"] == 0, -0.0, tables[\"shift\"])",
+                  "b_all = tables[\"shift\"] + 0.0")], ADA),
+    mutation("gate-ignored/ada-layer-norm", "the gated residual adds X ungated", [
+                 (ADA_SPEC, "gate_t = tables.get(\"gate\", np.ones((N, C)))",
+                  "gate_t = np.ones((N, C))")], ADA),
     # BatchNorm folded into Conv/Gemm weights
     mutation("epsilon-dropped/fold", "fold_batch_norm folds a = scale / sqrt(var)", [
         (FOLD_SPEC, 'a = p64["scale"] / np.sqrt(shifted)',

@@ -1,8 +1,9 @@
-"""The row normalizations: ONNX LayerNormalization and RMSNormalization, and
+"""The row normalizations: ONNX LayerNormalization and RMSNormalization,
 onnxruntime's SimplifiedLayerNormalization, SkipLayerNormalization and
-SkipSimplifiedLayerNormalization."""
+SkipSimplifiedLayerNormalization, and the adaptive LayerNorm of diffusion transformers."""
 
 from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import ada_layer_norm as _ada
 from normkernels.ops import layer_normalization as _ln
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
@@ -125,3 +126,46 @@ def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilo
     return _skip.skip_simplified_layer_normalization(input, skip, gamma, bias,
                                                      epsilon=epsilon, num_outputs=num_outputs,
                                                      out=out, engine=ENGINE)
+
+
+def ada_layer_norm(X, shift, scale, *, epsilon=1e-6, residual=None, gate=None, out=None):
+    """Adaptive LayerNorm (DiT, FLUX, SD3): ``Y = LN(X) * (1 + scale[n]) + shift[n]``.
+
+    LayerNormalization over the last axis (C) without its own affine parameters, then
+    the per-sample modulation. With ``residual``, a DiT block's boundary in one call:
+    ``S = residual + gate * X`` (the residual stream after a sublayer whose output is
+    X; ``gate`` None means 1), then ``Y = LN(S) * (1 + scale) + shift``.
+
+    Parameters
+    ----------
+    X : ndarray
+        (N, ..., C): N samples of tokens of C channels; float16, bfloat16, float32 or
+        float64; any strides.
+    shift, scale : ndarray
+        (N, C) or (N, 1, ..., 1, C) (X's rank), any float dtype: one value per sample
+        and channel, broadcast over the tokens.
+    epsilon : float
+        Default 1e-6 (DiT's).
+    residual : ndarray, optional
+        X's shape and dtype.
+    gate : ndarray, optional
+        As shift; needs ``residual``.
+    out : ndarray, optional
+        Where to write Y (X's shape and dtype); may be X itself.
+
+    Returns
+    -------
+    ndarray or tuple
+        Y; with ``residual``, ``(Y, S)``: S (a new C-contiguous array) is ``residual +
+        gate * X`` rounded once to X's dtype, and Y is the normalization of S as
+        returned.
+
+    Notes
+    -----
+    ``1 + scale`` and ``shift`` enter the row kernels' one rounding (float64 arithmetic
+    for float32 X), and a zero shift adds -0.0: with AdaLN-Zero's ``scale = shift =
+    0``, Y equals ``layer_normalization(X, ones)`` bit for bit. One kernel call per
+    sample.
+    """
+    return _ada.ada_layer_norm(X, shift, scale, epsilon=epsilon, residual=residual, gate=gate,
+                               out=out, engine=ENGINE)

@@ -67,6 +67,12 @@ class Engine:
         per column (``per_column``) or value ``r % C``; ``bias`` None: none."""
         raise NotImplementedError
 
+    def gated_sums(self, x, residual, gate, dest, K, rows_per_gate, path=None):
+        """``dest = residual + gate * x`` over rows of ``K`` (flat C-contiguous arrays),
+        in the row kernels' arithmetic, rounded once; ``gate`` holds one row of ``K``
+        per ``rows_per_gate`` rows."""
+        raise NotImplementedError
+
     def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
         """Instance normalization of NCX memory (``N * C`` planes of ``S``), or group
         normalization with ``group`` channels per group (scale and B per channel);

@@ -126,6 +126,14 @@ class NumbaEngine(BoundCalls, Engine):
                 xs, ss, table, ds, K, rows_per_skip, skip_rows, 0 if per_column else C,
                 rows_per_item)
 
+    def gated_sums(self, x, residual, gate, dest, K, rows_per_gate, path=None):
+        xs, rs, ds = storage_view(x), storage_view(residual), storage_view(dest)
+        table = np.asarray(gate, row_compute_dtype(x.dtype)).ravel()  # exact for float32
+        path = policy.resolve_path(ds, path)
+        with launch_guard(path):
+            kernel_for(skip_kernels.gated_sums, skip_kernels.gated_sums_serial, path)(
+                xs, rs, table, ds, K, rows_per_gate, max(1, skip_kernels.ITEM_ELEMENTS // K))
+
     def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=NONE):
         act = marker(act)
         xs, ys = _views(x, y)

@@ -1,4 +1,5 @@
-"""The skip add of onnxruntime's SkipGroupNorm: ``s = (x + skip) + bias``, rounded once
+"""The skip add of onnxruntime's SkipGroupNorm, ``s = (x + skip) + bias``, and the gated
+residual of a DiT block, ``s = residual + gate * x`` (:func:`gated_sums`), rounded once
 to X's dtype (the arithmetic of the row kernels' skip add, :func:`rows._add_row`:
 float64 for float32 and float64 X, float32 for 16-bit X).
 
@@ -58,4 +59,23 @@ def skip_sums(x, skip, bias, dest, K, rows_per_skip, skip_rows, C, rows_per_item
                 _value_skip_value_bias(xs, row_load(skip, k), bias[r % C], ds)
 
 
+@njit(**KERNEL_OPTIONS)
+def _gated_row(x, residual, gate, dest):
+    for i in range(x.size):
+        store(dest, i, row_load(residual, i) + gate[i] * row_load(x, i))
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def gated_sums(x, residual, gate, dest, K, rows_per_gate, rows_per_item):
+    """``dest = residual + gate * x`` row by row (rows of ``K``; ``gate`` a compute-dtype
+    table of one row of ``K`` per ``rows_per_gate`` rows: per sample and channel)."""
+    M = x.size // K
+    for item in prange((M + rows_per_item - 1) // rows_per_item):
+        for r in range(item * rows_per_item, min(M, (item + 1) * rows_per_item)):
+            k = r // rows_per_gate
+            _gated_row(x[r * K:(r + 1) * K], residual[r * K:(r + 1) * K],
+                       gate[k * K:(k + 1) * K], dest[r * K:(r + 1) * K])
+
+
 skip_sums_serial = serial_twin(skip_sums, **KERNEL_OPTIONS)
+gated_sums_serial = serial_twin(gated_sums, **KERNEL_OPTIONS)

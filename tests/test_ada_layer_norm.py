@@ -1,0 +1,163 @@
+"""Adaptive LayerNorm (DiT's modulation, with the gated residual) against a float64
+oracle written from the definitions (tests/oracle.py's row normalization with
+per-sample parameters)."""
+
+import numpy as np
+import pytest
+from arrays import FLOAT_IDS, FLOATS, assert_identical
+from oracle import assert_close, row_norm, row_tolerance, ulp
+
+import normkernels as nk
+from normkernels import reference
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import ada_layer_norm as spec
+
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+EPS = 1e-6
+SHAPES = {"dit": (2, 9, 48), "n1": (1, 5, 32), "one-token": (4, 1, 24), "2d": (3, 40),
+          "4d": (2, 3, 4, 16), "wide": (2, 3, 1500)}
+
+
+def modulated(rng, shape, dtype, offset=0.0):
+    N, C = shape[0], shape[-1]
+    X = (rng.standard_normal(shape) * rng.uniform(0.5, 2, (N,) + (1,) * (len(shape) - 1))
+         + offset).astype(dtype)
+    shift = rng.standard_normal((N, C)).astype(dtype)
+    scale = (rng.standard_normal((N, C)) * 0.5).astype(dtype)
+    return X, shift, scale
+
+
+def expected(X, shift, scale):
+    """(Y, tolerance): LN(X) without affine, times ``1 + scale``, plus ``shift``."""
+    N, C = X.shape[0], X.shape[-1]
+    b = (N,) + (1,) * (X.ndim - 2) + (C,)
+    s = 1 + scale.astype(F64).reshape(b)
+    t = shift.astype(F64).reshape(b)
+    exact, mean, var = row_norm(X, s, t, EPS)
+    return exact, row_tolerance(X, s, t, mean, var, EPS, X.dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+@pytest.mark.parametrize("shape_id", SHAPES)
+def test_matches_oracle(rng, shape_id, dtype):
+    X, shift, scale = modulated(rng, SHAPES[shape_id], dtype)
+    before = X.copy()
+    Y = nk.ada_layer_norm(X, shift, scale)
+    assert Y.shape == X.shape and Y.dtype == X.dtype
+    assert_identical(X, before)
+    exact, tol = expected(X, shift, scale)
+    assert_close(Y, exact, tol)
+    twin = spec.ada_layer_norm(X, shift, scale, engine=reference.ENGINE)
+    assert_close(twin, exact, tol, "twin Y")
+    # (N, 1, ..., C) parameters, and parameters in another dtype
+    b = (X.shape[0],) + (1,) * (X.ndim - 2) + (X.shape[-1],)
+    assert_identical(nk.ada_layer_norm(X, shift.reshape(b), scale.reshape(b)), Y)
+    other = nk.ada_layer_norm(X, shift.astype(F64), scale.astype(F64))
+    assert_identical(other, Y)
+
+
+def test_large_offsets_and_views(rng):
+    X, shift, scale = modulated(rng, (2, 6, 64), F32, offset=1e4)
+    exact, tol = expected(X, shift, scale)
+    assert_close(nk.ada_layer_norm(X, shift, scale), exact, tol)
+    big = np.zeros((2, 12, 130), F32)
+    view = big[:, ::2, 1:65]
+    view[...] = X
+    assert_close(nk.ada_layer_norm(view, shift, scale), exact, tol)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_zero_modulation_is_layer_normalization_bit_for_bit(rng, dtype):
+    """AdaLN-Zero starts at scale = shift = 0: the output is plain LayerNorm exactly."""
+    X, _, _ = modulated(rng, (3, 7, 40), dtype)
+    zeros = np.zeros((3, 40), dtype)
+    Y = nk.ada_layer_norm(X, zeros, zeros)
+    assert_identical(Y, nk.layer_normalization(X, np.ones(40, dtype), epsilon=EPS))
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gate", "no-gate"])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_gated_residual(rng, dtype, gated):
+    X, shift, scale = modulated(rng, (2, 9, 48), dtype)
+    R = (rng.standard_normal(X.shape) * 3).astype(dtype)
+    gate = rng.standard_normal((2, 48)).astype(dtype) if gated else None
+    inputs = (X.copy(), R.copy())
+    Y, S = nk.ada_layer_norm(X, shift, scale, residual=R, gate=gate)
+    assert_identical(X, inputs[0])
+    assert_identical(R, inputs[1])
+    g = gate.astype(F64)[:, None, :] if gated else 1.0
+    exact_s = R.astype(F64) + g * X.astype(F64)
+    assert S.dtype == X.dtype and S.flags.c_contiguous
+    assert_close(S, exact_s, 0.5 * ulp(exact_s, dtype) + 2.0**-24 * np.abs(exact_s), "S")
+    exact, tol = expected(S, shift, scale)
+    assert_close(Y, exact, tol)
+    assert_identical(Y, nk.ada_layer_norm(S, shift, scale))  # Y normalizes S as returned
+    twin = spec.ada_layer_norm(X, shift, scale, residual=R, gate=gate, engine=reference.ENGINE)
+    assert_close(twin[1], exact_s, 0.5 * ulp(exact_s, dtype) + 2.0**-24 * np.abs(exact_s),
+                 "twin S")
+    assert_close(twin[0], exact, tol, "twin Y")
+
+
+@pytest.mark.parametrize("path", ["serial", "parallel", "streaming"])
+def test_every_path_gives_the_same_bits(rng, path):
+    X, shift, scale = modulated(rng, (2, 300, 96), F32)
+    R = rng.standard_normal(X.shape).astype(F32)
+    gate = rng.standard_normal((2, 96)).astype(F32)
+    want = nk.ada_layer_norm(X, shift, scale, residual=R, gate=gate)
+    got = spec.ada_layer_norm(X, shift, scale, residual=R, gate=gate, engine=ENGINE, path=path)
+    assert_identical(got[0], want[0])
+    assert_identical(got[1], want[1])
+
+
+def test_out_and_in_place(rng):
+    X, shift, scale = modulated(rng, (2, 5, 32), F32)
+    want = nk.ada_layer_norm(X, shift, scale)
+    out = np.empty_like(X)
+    assert nk.ada_layer_norm(X, shift, scale, out=out) is out
+    assert_identical(out, want)
+    Xc = X.copy()
+    assert nk.ada_layer_norm(Xc, shift, scale, out=Xc) is Xc
+    assert_identical(Xc, want)
+    strided = np.empty((2, 5, 64), F32)[..., ::2]
+    assert nk.ada_layer_norm(X, shift, scale, out=strided) is strided
+    assert_identical(strided, want)
+
+
+def test_errors(rng):
+    X, shift, scale = modulated(rng, (2, 5, 8), F32)
+    with pytest.raises(ValueError, match="shift must have shape"):
+        nk.ada_layer_norm(X, shift[:1], scale)
+    with pytest.raises(ValueError, match="scale must have shape"):
+        nk.ada_layer_norm(X, shift, scale[:, :4])
+    with pytest.raises(ValueError, match=r"gate .* needs residual"):
+        nk.ada_layer_norm(X, shift, scale, gate=scale)
+    with pytest.raises(ValueError, match="residual must have X's shape"):
+        nk.ada_layer_norm(X, shift, scale, residual=X[:1])
+    with pytest.raises(TypeError, match="T"):
+        nk.ada_layer_norm(X, shift, scale, residual=X.astype(F64))
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        nk.ada_layer_norm(X[0, 0], shift[0], scale[0])
+    with pytest.raises(TypeError, match="X"):
+        nk.ada_layer_norm(X.astype(np.int32), shift, scale)
+    with pytest.raises(ValueError, match="epsilon must be finite"):
+        nk.ada_layer_norm(X, shift, scale, epsilon=float("inf"))
+    with pytest.raises(ValueError, match="out overlaps"):
+        big = np.empty(X.size + 1, F32)
+        nk.ada_layer_norm(big[:-1].reshape(X.shape), shift, scale,
+                          out=big[1:].reshape(X.shape))
+
+
+def test_agrees_with_the_torch_composite(rng):
+    """What DiT's code computes: F.layer_norm without affine, eps 1e-6, then
+    ``x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)``, in float64."""
+    torch = pytest.importorskip("torch")
+    X, shift, scale = modulated(rng, (2, 9, 48), F64)
+    R = rng.standard_normal(X.shape)
+    gate = rng.standard_normal((2, 48))
+    Y, S = nk.ada_layer_norm(X, shift, scale, residual=R, gate=gate)
+    t = torch.from_numpy
+    s = t(R) + t(gate).unsqueeze(1) * t(X)
+    h = torch.nn.functional.layer_norm(s, (48,), eps=1e-6)
+    want = h * (1 + t(scale).unsqueeze(1)) + t(shift).unsqueeze(1)
+    np.testing.assert_allclose(S, s.numpy(), rtol=1e-15, atol=1e-15)
+    np.testing.assert_allclose(Y, want.numpy(), rtol=1e-12, atol=1e-12)
