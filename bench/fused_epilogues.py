@@ -1,7 +1,8 @@
 """GroupNorm + SiLU (onnxruntime's com.microsoft GroupNorm) against the same
-normalization without the epilogue and against the unfused torch composite, at the
-shapes of issue 31's targets, in one process, interleaved (ratios, not times, are what
-holds on a shared machine).
+normalization without the epilogue and against the unfused torch composite, and
+adaptive LayerNorm (with and without the gated residual) against its torch composite,
+at the shapes of issue 31's targets, in one process, interleaved (ratios, not times,
+are what holds on a shared machine).
 
     python bench/fused_epilogues.py [--repeat 15] [--dtype float32]
 
@@ -14,7 +15,10 @@ For each shape and layout: the minimum over ``repeat`` rounds of one call each o
 * ``torch gn``: ``F.group_norm`` alone;
 
 and the ratios the issue sets targets for: ``gn+silu / gn`` (<= 1.10) and ``gn+silu /
-torch gn+silu`` (<= 0.5).
+torch gn+silu`` (<= 0.5). AdaLN at (8, 1024, 1152): ``ada_layer_norm`` against
+``layer_normalization`` (the same rows without modulation) and against DiT's torch code
+(``F.layer_norm`` without affine, then ``* (1 + scale) + shift``; with the residual,
+``x + gate * h`` first).
 """
 
 import argparse
@@ -55,6 +59,39 @@ def _runs(x, g, b, layout, torch, F):
     }
 
 
+def _ada_runs(rng, dtype, torch, F):
+    N, T, C = 8, 1024, 1152
+    h = rng.standard_normal((N, T, C)).astype(dtype)
+    x = rng.standard_normal((N, T, C)).astype(dtype)
+    shift, scale, gate = (rng.standard_normal((N, C)).astype(dtype) for _ in range(3))
+    ones = np.ones(C, dtype)
+    out = np.empty_like(h)
+    ht, xt, st, ct, gt = (torch.from_numpy(a) for a in (h, x, shift, scale, gate))
+
+    def torch_ada(v):
+        return F.layer_norm(v, (C,), eps=1e-6) * (1 + ct.unsqueeze(1)) + st.unsqueeze(1)
+
+    return {
+        "ln": lambda: nk.layer_normalization(h, ones, epsilon=1e-6, out=out),
+        "adaln": lambda: nk.ada_layer_norm(h, shift, scale, out=out),
+        "torch adaln": lambda: torch_ada(ht),
+        "adaln+residual": lambda: nk.ada_layer_norm(h, shift, scale, residual=x, gate=gate,
+                                                    out=out),
+        "torch adaln+residual": lambda: torch_ada(xt + gt.unsqueeze(1) * ht),
+    }
+
+
+def _best(runs, repeat, torch):
+    best = dict.fromkeys(runs, float("inf"))
+    with torch.no_grad():
+        for fn in runs.values():
+            fn()
+        for _ in range(repeat):  # interleaved rounds
+            for name, fn in runs.items():
+                best[name] = min(best[name], _min_time(fn, 1))
+    return {k: v * 1e3 for k, v in best.items()}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=15)
@@ -78,19 +115,23 @@ def main(argv=None):
                 x = np.ascontiguousarray(np.moveaxis(x, 1, -1))
             g = rng.standard_normal(C).astype(dtype)
             b = rng.standard_normal(C).astype(dtype)
-            runs = _runs(x, g, b, layout, torch, F)
-            best = dict.fromkeys(runs, float("inf"))
-            with torch.no_grad():
-                for fn in runs.values():
-                    fn()
-                for _ in range(args.repeat):  # interleaved rounds
-                    for name, fn in runs.items():
-                        best[name] = min(best[name], _min_time(fn, 1))
-            ms = {k: v * 1e3 for k, v in best.items()}
+            ms = _best(_runs(x, g, b, layout, torch, F), args.repeat, torch)
             print(f"| {'x'.join(map(str, shape))} | {layout} | {ms['gn']:.3f} | "
                   f"{ms['gn+silu']:.3f} | {ms['torch gn+silu']:.3f} | {ms['torch gn']:.3f} | "
                   f"{ms['gn+silu'] / ms['gn']:.2f} | "
                   f"{ms['gn+silu'] / ms['torch gn+silu']:.2f} |")
+    ms = _best(_ada_runs(rng, dtype, torch, F), args.repeat, torch)
+    print()
+    print("| 8x1024x1152 | ms | / ln | / torch |")
+    print("|---|---:|---:|---:|")
+    print(f"| layer_normalization | {ms['ln']:.3f} | 1.00 | - |")
+    print(f"| ada_layer_norm | {ms['adaln']:.3f} | {ms['adaln'] / ms['ln']:.2f} | "
+          f"{ms['adaln'] / ms['torch adaln']:.2f} |")
+    print(f"| ada_layer_norm + gated residual | {ms['adaln+residual']:.3f} | "
+          f"{ms['adaln+residual'] / ms['ln']:.2f} | "
+          f"{ms['adaln+residual'] / ms['torch adaln+residual']:.2f} |")
+    print(f"| torch: adaln {ms['torch adaln']:.3f} ms, with the residual "
+          f"{ms['torch adaln+residual']:.3f} ms | | | |")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ ACTIVATIONS = "normkernels/kernels/activations.py"
 ORT_GN_SPEC = "normkernels/ops/ort_group_norm.py"
 SKIP_SUMS_K = "normkernels/kernels/skip_sums.py"
 ORT_GN = ["tests/test_ort_group_norm.py"]
-ADA_SPEC = "normkernels/ops/ada_layer_norm.py"
+ADA_SPEC = "normkernels/ops/modulated.py"
 ADA = ["tests/test_ada_layer_norm.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
@@ -604,6 +604,15 @@ MUTATIONS = [
     mutation("gate-ignored/ada-layer-norm", "the gated residual adds X ungated", [
                  (ADA_SPEC, "gate_t = tables.get(\"gate\", np.ones((N, C)))",
                   "gate_t = np.ones((N, C))")], ADA),
+    mutation("per-sample-params-as-channels/ada-group-norm", "NCX planes take the channel's "
+             "parameters (p % C) where they are per (n, c)", [
+                 (ENGINE, "        per = n_planes if scale.size == n_planes else C\n",
+                  "        per = C\n")], ADA),
+    mutation("sample-slice-dropped/ada-group-norm", "channels-last samples run one by one "
+             "all take sample 0's parameters", [
+                 (ENGINE, "                sample = params if scale.size == C else (params[0][cs], "
+                  "params[1][cs],", "                sample = params if True else (params[0][cs], "
+                  "params[1][cs],")], ADA),
     # BatchNorm folded into Conv/Gemm weights
     mutation("epsilon-dropped/fold", "fold_batch_norm folds a = scale / sqrt(var)", [
         (FOLD_SPEC, 'a = p64["scale"] / np.sqrt(shifted)',

@@ -3,8 +3,8 @@ onnxruntime's SimplifiedLayerNormalization, SkipLayerNormalization and
 SkipSimplifiedLayerNormalization, and the adaptive LayerNorm of diffusion transformers."""
 
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.ops import ada_layer_norm as _ada
 from normkernels.ops import layer_normalization as _ln
+from normkernels.ops import modulated as _ada
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
 

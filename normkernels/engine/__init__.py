@@ -75,7 +75,8 @@ class Engine:
 
     def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
         """Instance normalization of NCX memory (``N * C`` planes of ``S``), or group
-        normalization with ``group`` channels per group (scale and B per channel);
+        normalization with ``group`` channels per group (scale and B per channel, or
+        per (n, c): ``N * C`` values, as here and in :meth:`instance_rows`);
         writes ``y``, returns the per-plane (per-group) ``(mean, M2)``."""
         raise NotImplementedError
 

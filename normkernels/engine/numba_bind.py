@@ -43,7 +43,9 @@ class BoundCalls:
         xs, ys = storage_alias(x.ravel()), storage_alias(y.ravel())
         n_planes = xs.size // S
         cd = compute_dtype(x.dtype)
-        args = (C, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
+        per = n_planes if scale.size == n_planes else C  # parameters per (n, c): see
+        # NumbaEngine.instance_planes
+        args = (per, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
                 np.empty(n_planes // group), np.empty(n_planes // group),
                 np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd), NONE)
         kernel = instance.fused_planes_serial

@@ -143,7 +143,10 @@ class NumbaEngine(BoundCalls, Engine):
         cd = compute_dtype(x.dtype)
         mean, m2 = np.empty(n_groups), np.empty(n_groups)
         m, a, b = np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd)
-        args = (C, group, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
+        # parameters per (n, c) (scale.size == N * C, ada_group_norm): the kernels' channel
+        # of plane p is p % C, so C = the plane count makes it the plane itself
+        per = n_planes if scale.size == n_planes else C
+        args = (per, group, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
                 m, a, b, act)
         path = policy.resolve_path(ys, path)
         fused = "fused" if S >= MIN_PLANE else "fused-short"
@@ -151,7 +154,7 @@ class NumbaEngine(BoundCalls, Engine):
             took("instance_planes", "split")
             plane_moments(xs, n_groups, size, np.zeros(n_groups, np.int64), mean, m2,
                            "parallel")
-            instance.fold_planes(C, group, size, *args[3:6], mean, m2, m, a, b)
+            instance.fold_planes(per, group, size, *args[3:6], mean, m2, m, a, b)
             self.scale_shift(x, y, n_planes, S, m, a, b, path, act)
         elif path == "serial":
             took("instance_planes", fused, "serial")
@@ -187,12 +190,15 @@ class NumbaEngine(BoundCalls, Engine):
                 cs, gs = slice(n * C, (n + 1) * C), slice(n * G, (n + 1) * G)
                 sample_moments(storage_view(x2[n]), 1, C, R, group, mean[gs], m2[gs], one,
                                batch=N)
-                instance.fold_planes(C, group, R * group, *params, mean[gs], m2[gs], m[cs],
+                sample = params if scale.size == C else (params[0][cs], params[1][cs],
+                                                        params[2])  # per (n, c)
+                instance.fold_planes(C, group, R * group, *sample, mean[gs], m2[gs], m[cs],
                                      a[cs], b[cs])
                 self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path, act)
             return mean, m2
         sample_moments(xs, N, C, R, group, mean, m2, one)
-        instance.fold_planes(C, group, R * group, *params, mean, m2, m, a, b)
+        instance.fold_planes(C if scale.size == C else N * C, group, R * group, *params, mean,
+                             m2, m, a, b)
         took("instance_rows", "one-launch", one)
         rows = policy.sample_normalize_rows(N, C, R)
         with launch_guard(one):

@@ -1,5 +1,5 @@
-"""Adaptive layer normalization, the modulation of diffusion transformers (DiT, FLUX,
-SD3; spec layer).
+"""The modulated normalizations of diffusion models (spec layer): adaptive layer
+normalization (DiT, FLUX, SD3) and diffusers' AdaGroupNorm.
 
 ``Y = LN(X) * (1 + scale[n]) + shift[n]``: LayerNormalization over the last axis
 (channels, C) without affine parameters, then per-sample ``(N, C)`` modulation
@@ -13,16 +13,22 @@ kernels' ``((x - m) * a + c) * s + b`` rounded once; a zero shift adds -0.0, so
 AdaLN-Zero's initial ``scale = shift = 0`` gives plain LayerNormalization bit for bit.
 S is ``residual + gate * x`` in the row compute dtype, rounded once to X's dtype, and
 Y is the normalization of S as returned (as SkipLayerNormalization).
+
+``ada_group_norm``: ``GN(X) * (1 + scale[n, c]) + shift[n, c]``, group normalization
+without its own affine parameters (diffusers' ``AdaGroupNorm``), the modulation folded
+into each (n, c) plane's parameters in float64 (``a = (1 + scale) / sqrt(var +
+epsilon)``, rounded once), so it costs what GroupNormalization does.
 """
 
 import math
 
 import numpy as np
 
-from normkernels.ops import common
+from normkernels.ops import common, group_normalization
 from normkernels.ops.common import ALL_FLOATS
 
 ADA = "ada_layer_norm"
+ADA_GROUP = "ada_group_norm"
 EPSILON = 1e-6  # DiT's
 
 
@@ -91,3 +97,31 @@ def ada_layer_norm(X, shift, scale, *, epsilon=EPSILON, residual=None, gate=None
         np.copyto(out, Y)
         Y = out
     return Y if S is None else (Y, S)
+
+
+def ada_group_norm(X, shift, scale, *, num_groups, epsilon=1e-5, data_format="NCX",
+                   out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.ada_group_norm`."""
+    label = ADA_GROUP
+    eps = common.check_epsilon(label, epsilon)
+    common.check_data_format(label, data_format)
+    X = common.as_array("X", X)
+    common.check_dtype(label, "X", X, ALL_FLOATS)
+    if X.ndim < 3:
+        raise ValueError(f"{label}: X must have at least 3 dimensions (N x C x D1 ...), got "
+                         f"shape {X.shape}")
+    N, C = X.shape[0], common.channel_count(X, data_format)
+    params = {"shift": common.as_array("shift", shift), "scale": common.as_array("scale", scale)}
+    for name, p in params.items():
+        common.check_dtype(label, name, p, ALL_FLOATS)
+        if p.shape != (N, C):
+            raise ValueError(f"{label}: {name} must have shape ({N}, {C}) (one value per "
+                             f"sample and channel), got {p.shape}")
+    G = group_normalization.check_groups(label, "num_groups", num_groups, C)
+    if out is not None:
+        common.check_out(label, out, X, params)
+    # per-(n, c) parameters: the engines take N * C values where they take C
+    s = (1.0 + params["scale"].astype(np.float64)).ravel()
+    b = params["shift"].astype(np.float64).ravel()
+    return group_normalization.normalize(label, X, s, b, G, eps, data_format, out, engine,
+                                         path)[0]
