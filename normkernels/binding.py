@@ -27,11 +27,11 @@ class _NotBindable(Exception):
     pass
 
 
-def _no_epilogue(act):
-    """The bound kernels have no activation epilogue: such a call is bound as the
-    plain call."""
-    if act is not None and getattr(act, "kind", act) != "none":
-        raise _NotBindable("activation epilogue")
+def _no_epilogue(act, res):
+    """The bound kernels have no epilogue (activation, residual): such a call is bound
+    as the plain call."""
+    if res is not None or (act is not None and getattr(act, "kind", act) != "none"):
+        raise _NotBindable("epilogue")
 
 
 class _Recorder(Engine):
@@ -44,13 +44,14 @@ class _Recorder(Engine):
     call = None
 
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
-                  act=None):
-        _no_epilogue(act)
+                  act=None, res=None):
+        _no_epilogue(act, res)
         self._record("inference", (x, y, C, S, scale, B, mean, var, epsilon))
         return True
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
-        _no_epilogue(act)
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None,
+                        res=None):
+        _no_epilogue(act, res)
         self._record("planes", (x, y, C, S, scale, B, epsilon, group))
         n_groups = x.size // S // group
         return np.zeros(n_groups), np.ones(n_groups)

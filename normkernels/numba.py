@@ -75,7 +75,7 @@ def normalize_plane(x, mean, var, scale, bias, epsilon, out):
     p = np.empty(4, dtype)
     p[0], p[1], p[2], p[3] = scale, bias, mean, var
     inference.normalize_planes_serial(x, out, 1, x.size, p[0:1], p[1:2], p[2:3], p[3:4],
-                                      epsilon, False, NONE)
+                                      epsilon, False, None, NONE)
 
 
 @njit(**_OPTIONS)

@@ -55,20 +55,23 @@ class NumPyEngine(Engine):
     name = "numpy"
 
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
-                  act=None):
+                  act=None, res=None):
         if guard and any(np.may_share_memory(y, p) for p in (scale, B, mean, var)):
             return False
         if guard and not (x is y or x.ctypes.data == y.ctypes.data) and np.may_share_memory(x, y):
             return False
         m, a, b = fold_parameters(scale, B, mean, var, epsilon, x.dtype)
-        self.scale_shift(x, y, C, S, m, a, b, act=act)
+        self.scale_shift(x, y, C, S, m, a, b, act=act, res=res)
         return True
 
-    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=None):
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=None, res=None):
         cd = compute_dtype(x.dtype)
         with np.errstate(all="ignore"):
             xv = x.reshape(-1, C, S).astype(cd)
-            result = activation(act, (xv - mean[:, None]) * a[:, None] + b[:, None])
+            result = (xv - mean[:, None]) * a[:, None] + b[:, None]
+            if res is not None:
+                result = result + res.reshape(result.shape).astype(cd)
+            result = activation(act, result)
             y.reshape(-1, C, S)[...] = result.astype(y.dtype)
 
     def channel_moments(self, x, C, S, path=None):
@@ -89,15 +92,17 @@ class NumPyEngine(Engine):
     def gated_sums(self, x, residual, gate, dest, K, rows_per_gate, path=None):
         gated_sums_rows(x, residual, gate, dest, K, rows_per_gate)
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None,
+                        res=None):
         groups = x.reshape(-1, group * S).astype(np.float64)  # a group's planes: contiguous
         with np.errstate(all="ignore"):
             mean = _refined_mean(groups, 1)
             m2 = ((groups - mean[:, None]) ** 2).sum(axis=1)
-        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self, group, act)
+        normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, self, group, act, res)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=None):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=None,
+                      res=None):
         # (n, group) made contiguous: NumPy sums pairwise only along the last axis
         G = C // group
         groups = np.ascontiguousarray(
@@ -106,7 +111,7 @@ class NumPyEngine(Engine):
             mean = _refined_mean(groups, 2)
             m2 = ((groups - mean[:, :, None]) ** 2).sum(axis=2)
         mean, m2 = mean.reshape(-1), m2.reshape(-1)
-        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self, group, act)
+        normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, self, group, act, res)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
@@ -215,14 +220,15 @@ def _refined_mean(values, axis):
 
 
 def normalize_planes(x, y, C, S, scale, B, epsilon, mean, m2, engine=ENGINE, group=1,
-                     act=None):
+                     act=None, res=None):
     """Y of NCX instance (group) normalization from the per-plane (per-group)
     ``mean`` and ``m2``."""
     m, a, b = _instance_parameters(x, scale, B, epsilon, mean, m2, S, engine, group)
-    engine.scale_shift(x, y, m.size, S, m, a, b, act=act)
+    engine.scale_shift(x, y, m.size, S, m, a, b, act=act, res=res)
 
 
-def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group=1, act=None):
+def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group=1, act=None,
+                   res=None):
     """Y of NXC instance (group) normalization from the per-(n, c) (per-(n, group))
     ``mean`` and ``m2`` (flat, ``n * C + c``)."""
     R = x.size // (N * C)
@@ -231,6 +237,8 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group
         xv = x.reshape(N, R, C).astype(compute_dtype(x.dtype))
         shape = (N, 1, C)
         result = (xv - m.reshape(shape)) * a.reshape(shape) + b.reshape(shape)
+        if res is not None:
+            result = result + res.reshape(N, R, C).astype(xv.dtype)
         y.reshape(N, R, C)[...] = activation(act, result).astype(y.dtype)
 
 

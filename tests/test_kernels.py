@@ -119,9 +119,11 @@ def test_streaming_kernels_emit_non_temporal_stores(dtype):
     cd = np.float64 if dtype == np.float64 else np.float32
     p = np.zeros(512, cd)
     for kernel, args in [
-        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024, NONE)),
-        (scale_shift.scale_shift_planes_streaming, (x, x.copy(), 4, 1024, p, p, p, 1024, SILU)),
-        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p, 1024, NONE)),
+        (scale_shift.scale_shift_planes_streaming,
+         (x, x.copy(), 4, 1024, p, p, p, 1024, None, NONE)),
+        (scale_shift.scale_shift_planes_streaming,
+         (x, x.copy(), 4, 1024, p, p, p, 1024, x.copy(), SILU)),
+        (scale_shift.scale_shift_periodic_streaming, (x, x.copy(), 256, p, p, p, 1024, None, NONE)),
         (backward_dx.apply_planes_streaming, (x, x.copy(), x.copy(), 4, 1024, p, p, p, p)),
         (backward_dx.apply_rows_streaming, (x, x.copy(), x.copy(), 256, 4, p, p, p, p)),
     ]:
@@ -210,7 +212,7 @@ def test_inliner_patch_installs_at_first_compile_and_keeps_results(tmp_path):
         icc.InlineWorker.inline_ir = icc.InlineWorker.inline_ir.__wrapped__
         plain = njit(cache=False)(inference.normalize_planes_serial.py_func)
         y2 = np.empty_like(x)
-        plain(x.ravel(), y2.ravel(), 3, 1600, *p, 1e-5, False, NONE)
+        plain(x.ravel(), y2.ravel(), 3, 1600, *p, 1e-5, False, None, NONE)
         print(before, after, np.array_equal(y.view(np.uint32), y2.view(np.uint32)))
     """, NUMBA_CACHE_DIR=str(tmp_path))
     assert result.stdout.split() == ["False", "True", "True"]

@@ -2,6 +2,7 @@
 epilogues, against float64 oracles written from the schema and PyTorch's definitions
 (tests/oracle.py)."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 from arrays import FLOAT_IDS, FLOATS, assert_identical
@@ -414,3 +415,115 @@ def test_activation_keyword_errors(rng):
             nk.instance_normalization(X, s, s, activation=bad)
     from normkernels.ops.common import EPILOGUES
     assert EPILOGUES == activations.KINDS[1:]
+
+
+# --- add= (a residual before the activation: oneDNN's norm-add-relu) -----------------
+
+
+def _ops_add(X, p, last, kind, add, path=None):
+    """The four per-channel normalizations with an epilogue, on the spec layer (a path
+    forced) or the public functions."""
+    from normkernels.ops import batch_normalization as bn_spec
+    from normkernels.ops import group_normalization as gn_spec
+    from normkernels.ops import instance_normalization as in_spec
+
+    fmt = "NXC" if last else "NCX"
+    scale, B, mean, var = p
+    kw = dict(data_format=fmt, activation=kind, add=add)
+    if path is not None:
+        kw.update(engine=ENGINE, path=path)
+        bn, inst, gn = (bn_spec.batch_normalization, in_spec.instance_normalization,
+                        gn_spec.group_normalization)
+    else:
+        bn, inst, gn = nk.batch_normalization, nk.instance_normalization, nk.group_normalization
+    return {
+        "bn": bn(X, scale, B, mean, var, **kw),
+        "bn-training": bn(X, scale, B, mean, var, training_mode=1, **kw)[0],
+        "instance": inst(X, scale, B, **kw),
+        "group": gn(X, scale, B, num_groups=4, **kw),
+    }
+
+
+@pytest.mark.parametrize("kind", [None, "relu", "silu"])
+@pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
+@pytest.mark.parametrize("last", [1, 0], ids=["nxc", "ncx"])
+def test_add_is_added_before_the_activation(rng, last, dtype, kind):
+    """float32/float64: the fused result is act(Y + add) with Y the plain call's (the
+    compute dtype's own value) and the add in the compute dtype: bit for bit for none
+    and ReLU, within the activation's bound for SiLU; on every path."""
+    X = data(rng, (2, 8, 7, 5), dtype, last)
+    R = (rng.standard_normal(X.shape) * 2).astype(dtype)
+    p = (rng.standard_normal(8).astype(dtype), rng.standard_normal(8).astype(dtype),
+         rng.standard_normal(8).astype(dtype), rng.uniform(0.5, 2, 8).astype(dtype))
+    plain = _ops(X, p, last, None)
+    fused = _ops_add(X, p, last, kind, R)
+    for name, Y in plain.items():
+        summed = Y + R  # the kernels' one addition, in the compute dtype
+        if kind in (None, "relu"):
+            want = summed if kind is None else np.where(summed < 0, dtype.type(0), summed)
+            assert_identical(fused[name], want)
+        else:
+            tol = activation_tolerance(kind, summed.astype(F64), 0.0, dtype)
+            assert_close(fused[name], activation(kind, summed), tol, f"{name} + add + {kind}")
+    for path in ("serial", "parallel", "streaming"):
+        for name, Y in _ops_add(X, p, last, kind, R, path).items():
+            assert_identical(Y, fused[name])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("last", [1, 0], ids=["nxc", "ncx"])
+def test_add_and_relu_of_16_bit_x_match_the_oracle(rng, last, dtype):
+    """16-bit X: the sum and the activation in float32, rounded once."""
+    X = data(rng, (2, 16, 9, 5), dtype, last)
+    R = rng.standard_normal(X.shape).astype(dtype)
+    scale, B = rng.standard_normal(16).astype(dtype), rng.standard_normal(16).astype(dtype)
+    fmt = "NXC" if last else "NCX"
+    Y = nk.group_normalization(X, scale, B, num_groups=4, data_format=fmt, activation="relu",
+                               add=R)
+    exact, mean, var, s, b = group_norm(X, scale, B, 4, EPS, fmt)
+    tol = group_tolerance(X, s, b, mean, var, EPS, fmt, F32)  # the float32 value's bound
+    summed = exact + R.astype(F64)
+    tol = activation_tolerance("relu", summed, tol + 2.0**-24 * np.abs(summed), X.dtype)
+    assert_close(Y, activation("relu", summed), tol)
+    twin = gn_twin(X, scale, B, fmt, R)
+    assert_close(twin, activation("relu", summed), tol, "twin Y")
+
+
+def gn_twin(X, scale, B, fmt, R):
+    from normkernels.ops import group_normalization as gn_spec
+
+    return gn_spec.group_normalization(X, scale, B, num_groups=4, data_format=fmt,
+                                       activation="relu", add=R, engine=reference.ENGINE)
+
+
+def test_add_in_place_views_bind_and_errors(rng):
+    X = data(rng, (2, 8, 6, 6), F32, 0)
+    R = rng.standard_normal(X.shape).astype(F32)
+    s, b = rng.standard_normal(8).astype(F32), rng.standard_normal(8).astype(F32)
+    want = nk.group_normalization(X, s, b, num_groups=2, activation="relu", add=R)
+    Rc = R.copy()
+    assert nk.group_normalization(X, s, b, num_groups=2, activation="relu", add=Rc,
+                                  out=Rc) is Rc  # the residual stream updated in place
+    assert_identical(Rc, want)
+    strided = np.zeros((2, 8, 6, 12), F32)[..., ::2]
+    strided[...] = R
+    assert_identical(nk.group_normalization(X, s, b, num_groups=2, activation="relu",
+                                            add=strided), want)
+    out = np.empty_like(X)
+    call = nk.bind(nk.group_normalization, X, s, b, num_groups=2, activation="relu", add=R,
+                   out=out)
+    R[...] = rng.standard_normal(R.shape)
+    call()
+    assert_identical(out, nk.group_normalization(X, s, b, num_groups=2, activation="relu",
+                                                 add=R))
+    with pytest.raises(ValueError, match="add must have X's shape and dtype"):
+        nk.group_normalization(X, s, b, num_groups=2, add=R[:1])
+    with pytest.raises(ValueError, match="add must have X's shape and dtype"):
+        nk.batch_normalization(X, s, b, s, np.abs(s), add=R.astype(F64))
+    with pytest.raises(ValueError, match="add= needs spatial=1"):
+        nk.batch_normalization(X, s, b, s, np.abs(s), opset=6, spatial=0, add=R,
+                               training_mode=None, is_test=1)
+    big = np.empty(X.size + 1, F32)
+    with pytest.raises(ValueError, match="out overlaps add"):
+        nk.instance_normalization(X, s, b, add=big[:-1].reshape(X.shape),
+                                  out=big[1:].reshape(X.shape))

@@ -11,7 +11,7 @@ from normkernels.ops import moments as _moments
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
                         training_mode=None, is_test=None, spatial=None, consumed_inputs=None,
                         num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
-                        activation=None, out=None):
+                        activation=None, add=None, out=None):
     """ONNX BatchNormalization with the semantics of ``opset``.
 
     Inference: ``Y = (X - input_mean) / sqrt(input_var + epsilon) * scale + B`` per
@@ -47,6 +47,10 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         extension, not an ONNX attribute): None (default), "relu", "silu" or
         "gelu_tanh" (PyTorch's definitions; the error bound in the README's
         "Group normalizations" notes).
+    add : ndarray, optional
+        A residual of X's shape and dtype added to the affine result before the
+        activation, in the same pass (oneDNN's norm-add-relu; a package extension):
+        ``Y = act(normalized * scale + B + add)``. May be ``out``.
     out : ndarray, optional
         Where to write Y (X's shape and dtype); may be X itself.
 
@@ -73,7 +77,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         X, scale, B, input_mean, input_var, epsilon=epsilon, momentum=momentum,
         training_mode=training_mode, is_test=is_test, spatial=spatial,
         consumed_inputs=consumed_inputs, num_outputs=num_outputs, saved_var=saved_var,
-        opset=opset, data_format=data_format, activation=activation, out=out, engine=ENGINE)
+        opset=opset, data_format=data_format, activation=activation, add=add, out=out,
+        engine=ENGINE)
 
 
 def moments(X, *, data_format="NCX"):

@@ -12,7 +12,7 @@ from normkernels.ops import ort_group_norm as _ort
 
 
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None, opset=21,
-                        data_format="NCX", activation=None, out=None):
+                        data_format="NCX", activation=None, add=None, out=None):
     """ONNX GroupNormalization with the semantics of ``opset`` (18 or 21).
 
     The C channels split into ``num_groups`` consecutive groups of ``C / num_groups``;
@@ -44,6 +44,10 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
         extension, not an ONNX attribute): None (default), "relu", "silu" or
         "gelu_tanh" (PyTorch's definitions; the error bound in the README's
         "Group normalizations" notes).
+    add : ndarray, optional
+        A residual of X's shape and dtype added to the affine result before the
+        activation, in the same pass (oneDNN's norm-add-relu; a package extension):
+        ``Y = act(normalized * scale + B + add)``. May be ``out``.
     out : ndarray, optional
         Where to write Y (X's shape and dtype); may be X itself.
 
@@ -63,7 +67,7 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     """
     return _gn.group_normalization(X, scale, bias, num_groups=num_groups, epsilon=epsilon,
                                    stash_type=stash_type, opset=opset, data_format=data_format,
-                                   activation=activation, out=out, engine=ENGINE)
+                                   activation=activation, add=add, out=out, engine=ENGINE)
 
 
 def mean_variance_normalization(X, *, axes=(0, 2, 3), opset=13, out=None):

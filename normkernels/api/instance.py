@@ -5,7 +5,7 @@ from normkernels.ops import instance_normalization as _in
 
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
-                           data_format="NCX", activation=None, out=None):
+                           data_format="NCX", activation=None, add=None, out=None):
     """ONNX InstanceNormalization with the semantics of ``opset`` (1, 6 or 22).
 
     ``y = scale * (x - mean) / sqrt(var + epsilon) + B`` with the mean and population
@@ -30,6 +30,10 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
         extension, not an ONNX attribute): None (default), "relu", "silu" or
         "gelu_tanh" (PyTorch's definitions; the error bound in the README's
         "Group normalizations" notes).
+    add : ndarray, optional
+        A residual of X's shape and dtype added to the affine result before the
+        activation, in the same pass (oneDNN's norm-add-relu; a package extension):
+        ``Y = act(normalized * scale + B + add)``. May be ``out``.
     out : ndarray, optional
         Where to write the output (input's shape and dtype); may be ``input`` itself.
 
@@ -49,4 +53,4 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     return _in.instance_normalization(input, scale, B, epsilon=epsilon,
                                       consumed_inputs=consumed_inputs, opset=opset,
                                       data_format=data_format, activation=activation,
-                                      out=out, engine=ENGINE)
+                                      add=add, out=out, engine=ENGINE)

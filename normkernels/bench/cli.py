@@ -269,7 +269,7 @@ def cmd_info(args):
         from normkernels.kernels.scale_shift import scale_shift_periodic_parallel
         x = np.zeros(1 << 16, np.float32)
         p = np.zeros(512, np.float32)
-        scale_shift_periodic_parallel(x, x, 256, p, p, p, 4096, NONE)
+        scale_shift_periodic_parallel(x, x, 256, p, p, p, 4096, None, NONE)
         print(f"threading layer: {numba.threading_layer()}")
     except ValueError:
         print("threading layer: (none initialised)")

@@ -28,10 +28,11 @@ class Engine:
     """
 
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
-                  act=None):
-        """``y = act((x - mean[c]) * scale[c] / sqrt(var[c] + epsilon) + B[c])`` (``act``:
-        an activation epilogue of :mod:`normkernels.kernels.activations`, by name or
-        marker, None for none; as in every method that takes it) from the raw
+                  act=None, res=None):
+        """``y = act((x - mean[c]) * scale[c] / sqrt(var[c] + epsilon) + B[c] + res)``
+        (``act``: an activation epilogue of :mod:`normkernels.kernels.activations`, by
+        name or marker, None for none; ``res``: a residual of x's shape and dtype in x's
+        memory order, None for none; as in every method that takes them) from the raw
         parameters (any float dtypes), folded by the rule of
         :func:`normkernels.reference.fold_parameters`; ``y`` may be ``x``. With
         ``guard`` (a call plan, whose arguments were not checked), first returns False,
@@ -51,8 +52,8 @@ class Engine:
             return (previous.astype(np.float64) * momentum
                     + batch * (1.0 - momentum)).astype(dtype)
 
-    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=None):
-        """``y = act((x - mean[c]) * a[c] + b[c])``; ``y`` may be ``x``."""
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=None, res=None):
+        """``y = act((x - mean[c]) * a[c] + b[c] + res)``; ``y`` may be ``x``."""
         raise NotImplementedError
 
     def channel_moments(self, x, C, S, path=None):
@@ -73,14 +74,16 @@ class Engine:
         per ``rows_per_gate`` rows."""
         raise NotImplementedError
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None):
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=None,
+                        res=None):
         """Instance normalization of NCX memory (``N * C`` planes of ``S``), or group
         normalization with ``group`` channels per group (scale and B per channel, or
         per (n, c): ``N * C`` values, as here and in :meth:`instance_rows`);
         writes ``y``, returns the per-plane (per-group) ``(mean, M2)``."""
         raise NotImplementedError
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=None):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=None,
+                      res=None):
         """Instance normalization of NXC memory (``N`` samples of ``R`` rows of
         ``C``), or group normalization with ``group`` channels per group; writes ``y``,
         returns the per-(n, c) (per-(n, group)) ``(mean, M2)``, flat ``n*C + c``

@@ -29,9 +29,9 @@ class BoundCalls:
         period = policy.inference_period(C, S, x.itemsize, ys.size)
         if period == 0:
             kernel = inference.normalize_planes_serial
-            return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, False, NONE)
+            return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, False, None, NONE)
         kernel = inference.normalize_periodic_serial
-        return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False, NONE)
+        return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False, None, NONE)
 
     def bind_instance_planes(self, x, y, C, S, scale, B, epsilon, group=1):
         """:meth:`instance_planes` for fixed arrays (see :func:`normkernels.bind`): on
@@ -47,7 +47,8 @@ class BoundCalls:
         # NumbaEngine.instance_planes
         args = (per, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
                 np.empty(n_planes // group), np.empty(n_planes // group),
-                np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd), NONE)
+                np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd),
+                None, NONE)
         kernel = instance.fused_planes_serial
         return lambda: kernel(xs, ys, *args)
 
@@ -127,7 +128,7 @@ class BoundCalls:
         if period == 0:
             kernel = inference.normalize_planes_serial
             return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
-                                                              False, NONE)
+                                                              False, None, NONE)
         kernel = inference.normalize_periodic_serial
         return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
-                                                          period, False, NONE)
+                                                          period, False, None, NONE)

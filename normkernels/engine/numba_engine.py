@@ -54,9 +54,10 @@ class NumbaEngine(BoundCalls, Engine):
     name = "numba"
 
     def inference(self, x, y, C, S, scale, B, mean, var, epsilon, path=None, guard=False,
-                  act=NONE):
+                  act=NONE, res=None):
         act = marker(act)
         xs, ys = _views(x, y)
+        rs = None if res is None else storage_view(res.reshape(-1))
         sv = storage_view
         params = sv(scale), sv(B), sv(mean), sv(var)
         path = policy.resolve_path(ys, path, policy.NORMALIZE_SERIAL_MAX_ELEMENTS,
@@ -65,16 +66,16 @@ class NumbaEngine(BoundCalls, Engine):
             period = policy.inference_period(C, S, x.itemsize, ys.size)
             if period == 0:
                 return inference.normalize_planes_serial(xs, ys, C, S, *params, epsilon, guard,
-                                                         act)
+                                                         rs, act)
             return inference.normalize_periodic_serial(xs, ys, C, S, *params, epsilon, period,
-                                                       guard, act)
+                                                       guard, rs, act)
         if guard and inference.shares_input(xs, ys, *params):
             return False
         cd = compute_dtype(x.dtype)
         m, a, b = np.empty(C, cd), np.empty(C, cd), np.empty(C, cd)
         inference.fold(*params, epsilon, m, a, b)
         with launch_guard(path):
-            scale_shift_loops(xs, ys, C, S, m, a, b, path, act)
+            scale_shift_loops(xs, ys, C, S, m, a, b, path, act, rs)
         return True
 
     def running(self, previous, batch, momentum, dtype):
@@ -84,13 +85,14 @@ class NumbaEngine(BoundCalls, Engine):
         inference.running(storage_view(previous), batch, momentum, out)
         return out
 
-    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=NONE):
+    def scale_shift(self, x, y, C, S, mean, a, b, path=None, act=NONE, res=None):
         if not (x.flags.c_contiguous and y.flags.c_contiguous):
             raise ValueError("scale_shift: x and y must be C-contiguous")
         xs, ys = _views(x, y)
         path = policy.resolve_path(ys, path)
         with launch_guard(path):
-            scale_shift_loops(xs, ys, C, S, mean, a, b, path, marker(act))
+            scale_shift_loops(xs, ys, C, S, mean, a, b, path, marker(act),
+                              None if res is None else storage_view(res.reshape(-1)))
 
     def channel_moments(self, x, C, S, path=None):
         if not x.flags.c_contiguous:
@@ -134,9 +136,11 @@ class NumbaEngine(BoundCalls, Engine):
             kernel_for(skip_kernels.gated_sums, skip_kernels.gated_sums_serial, path)(
                 xs, rs, table, ds, K, rows_per_gate, max(1, skip_kernels.ITEM_ELEMENTS // K))
 
-    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=NONE):
+    def instance_planes(self, x, y, C, S, scale, B, epsilon, path=None, group=1, act=NONE,
+                        res=None):
         act = marker(act)
         xs, ys = _views(x, y)
+        rs = None if res is None else storage_view(res.reshape(-1))
         n_planes = xs.size // S
         n_groups = n_planes // group
         size = group * S  # elements per group: its planes are contiguous
@@ -147,7 +151,7 @@ class NumbaEngine(BoundCalls, Engine):
         # of plane p is p % C, so C = the plane count makes it the plane itself
         per = n_planes if scale.size == n_planes else C
         args = (per, group, S, storage_view(scale), storage_view(B), float(epsilon), mean, m2,
-                m, a, b, act)
+                m, a, b, rs, act)
         path = policy.resolve_path(ys, path)
         fused = "fused" if S >= MIN_PLANE else "fused-short"
         if policy.split_instance_planes(n_groups, size, xs.itemsize, path):
@@ -155,7 +159,7 @@ class NumbaEngine(BoundCalls, Engine):
             plane_moments(xs, n_groups, size, np.zeros(n_groups, np.int64), mean, m2,
                            "parallel")
             instance.fold_planes(per, group, size, *args[3:6], mean, m2, m, a, b)
-            self.scale_shift(x, y, n_planes, S, m, a, b, path, act)
+            self.scale_shift(x, y, n_planes, S, m, a, b, path, act, res)
         elif path == "serial":
             took("instance_planes", fused, "serial")
             instance.fused_planes_serial(xs, ys, *args)
@@ -169,9 +173,11 @@ class NumbaEngine(BoundCalls, Engine):
                 instance.fused_planes_parallel(xs, ys, *args)
         return mean, m2
 
-    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=NONE):
+    def instance_rows(self, x, y, N, C, scale, B, epsilon, path=None, group=1, act=NONE,
+                      res=None):
         act = marker(act)
         xs, ys = _views(x, y)
+        rs = None if res is None else storage_view(res.reshape(-1))
         R = xs.size // (N * C)
         path = policy.resolve_path(ys, path)
         one = "serial" if path == "serial" else "parallel"  # the statistics' path
@@ -194,7 +200,8 @@ class NumbaEngine(BoundCalls, Engine):
                                                         params[2])  # per (n, c)
                 instance.fold_planes(C, group, R * group, *sample, mean[gs], m2[gs], m[cs],
                                      a[cs], b[cs])
-                self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path, act)
+                self.scale_shift(x2[n], y2[n], C, 1, m[cs], a[cs], b[cs], path, act,
+                                 None if res is None else res.reshape(N, R * C)[n])
             return mean, m2
         sample_moments(xs, N, C, R, group, mean, m2, one)
         instance.fold_planes(C if scale.size == C else N * C, group, R * group, *params, mean,
@@ -203,7 +210,7 @@ class NumbaEngine(BoundCalls, Engine):
         rows = policy.sample_normalize_rows(N, C, R)
         with launch_guard(one):
             kernel_for(instance.normalize_rows, instance.normalize_rows_serial, one)(
-                xs, ys, C, R, rows, m, a, b, act)
+                xs, ys, C, R, rows, m, a, b, rs, act)
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,

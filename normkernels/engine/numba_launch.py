@@ -38,31 +38,31 @@ def _planes_loop(S):
     return "planes" if S >= MIN_PLANE else "short-planes"
 
 
-def scale_shift_loops(xs, ys, C, S, mean, a, b, path, act=NONE):
+def scale_shift_loops(xs, ys, C, S, mean, a, b, path, act=NONE, res=None):
     if policy.use_planes(C, S, mean.itemsize):
         loop = _planes_loop(S)
         if path == "serial":
             took("scale_shift", loop, "serial")
-            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b, act)
+            loops.scale_shift_planes_serial(xs, ys, C, S, mean, a, b, res, act)
         elif path == "streaming" and S >= MIN_PLANE:
             took("scale_shift", "planes", "streaming")
             loops.scale_shift_planes_streaming(xs, ys, C, S, mean, a, b,
-                                               policy.block_size(xs.size), act)
+                                               policy.block_size(xs.size), res, act)
         else:
             took("scale_shift", loop, "parallel")
             loops.scale_shift_planes_parallel(xs, ys, C, S, mean, a, b,
-                                              policy.block_size(xs.size), act)
+                                              policy.block_size(xs.size), res, act)
         return
     took("scale_shift", "periodic", path)
     period, mean_t, a_t, b_t = parameter_tables(C, S, mean, a, b)
     if path == "serial":
-        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t, act)
+        loops.scale_shift_periodic_serial(xs, ys, period, mean_t, a_t, b_t, res, act)
     elif path == "streaming":
         loops.scale_shift_periodic_streaming(xs, ys, period, mean_t, a_t, b_t,
-                                             policy.block_size(xs.size), act)
+                                             policy.block_size(xs.size), res, act)
     else:
         loops.scale_shift_periodic_parallel(xs, ys, period, mean_t, a_t, b_t,
-                                            policy.block_size(xs.size), act)
+                                            policy.block_size(xs.size), res, act)
 
 
 def plane_moments(xs, C, S, count, mean, m2, path):

@@ -44,6 +44,7 @@ from numba.core.extending import (
     NativeValue,
     intrinsic,
     models,
+    overload,
     register_model,
     typeof_impl,
     unbox,
@@ -261,3 +262,33 @@ def activate(typingctx, act, value):
 def _constant_activation(context, builder, ty, pyval):
     """A marker used as a global inside a kernel (``activations.NONE``)."""
     return context.get_dummy_value()
+
+
+# --- the residual added before the activation (None: none) ----------------------------
+
+
+def with_residual(res, i, value):
+    """``value + res[i]`` (``res[i]`` widened to value's dtype), or ``value`` when
+    ``res`` is None; ``@njit`` only."""
+    raise NotImplementedError("with_residual is only callable from @njit code")
+
+
+def residual_slice(res, lo, hi):
+    """``res[lo:hi]``, or None when ``res`` is None; ``@njit`` only."""
+    raise NotImplementedError("residual_slice is only callable from @njit code")
+
+
+@overload(with_residual, inline="always")
+def _with_residual(res, i, value):
+    if isinstance(res, types.NoneType):
+        return lambda res, i, value: value
+    from normkernels.kernels.elements import load
+
+    return lambda res, i, value: value + load(res, i)
+
+
+@overload(residual_slice, inline="always")
+def _residual_slice(res, lo, hi):
+    if isinstance(res, types.NoneType):
+        return lambda res, lo, hi: None
+    return lambda res, lo, hi: res[lo:hi]

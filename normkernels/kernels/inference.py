@@ -82,17 +82,18 @@ def _folded(x, C, scale, B, mean, var, epsilon):
 
 
 @njit(**KERNEL_OPTIONS)
-def normalize_planes_serial(x, y, C, S, scale, B, mean, var, epsilon, guard, act):
-    """Fold, then ``y = act((x - m) * a + b)`` on one thread by the planes loop."""
+def normalize_planes_serial(x, y, C, S, scale, B, mean, var, epsilon, guard, res, act):
+    """Fold, then ``y = act((x - m) * a + b + res)`` on one thread by the planes loop."""
     if guard and shares_input(x, y, scale, B, mean, var):
         return False
     m, a, b = _folded(x, C, scale, B, mean, var, epsilon)
-    scale_shift_planes_serial(x, y, C, S, m, a, b, act)
+    scale_shift_planes_serial(x, y, C, S, m, a, b, res, act)
     return True
 
 
 @njit(**KERNEL_OPTIONS)
-def normalize_periodic_serial(x, y, C, S, scale, B, mean, var, epsilon, period, guard, act):
+def normalize_periodic_serial(x, y, C, S, scale, B, mean, var, epsilon, period, guard, res,
+                              act):
     """Fold, then the periodic loop over tables of ``period`` entries (a multiple of
     ``C * S``) plus ``TABLE_PAD`` of wrap-around, built here."""
     if guard and shares_input(x, y, scale, B, mean, var):
@@ -101,7 +102,7 @@ def normalize_periodic_serial(x, y, C, S, scale, B, mean, var, epsilon, period, 
     n = period + TABLE_PAD
     mt, at, bt = compute_empty(x, n), compute_empty(x, n), compute_empty(x, n)
     fill_tables(C, S, m, a, b, mt, at, bt)
-    scale_shift_periodic_serial(x, y, period, mt, at, bt, act)
+    scale_shift_periodic_serial(x, y, period, mt, at, bt, res, act)
     return True
 
 

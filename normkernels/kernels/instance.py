@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.activations import residual_slice
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.fold import fold_one
@@ -75,7 +76,8 @@ def _fold_group(g, C, Cg, count, scale, B, epsilon, mu, q, m, a, b):
 
 
 @njit(**_INLINE)
-def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, streaming, act):
+def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, streaming, res,
+                 act):
     size = Cg * S
     lo = g * size
     hi = lo + size
@@ -85,15 +87,15 @@ def _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, stream
     _fold_group(g, C, Cg, size, scale, B, epsilon, mu, q, m, a, b)
     n_planes = m.size
     if S < MIN_PLANE:
-        planes_scalar(x, y, lo, hi, n_planes, S, m, a, b, act)
+        planes_scalar(x, y, lo, hi, n_planes, S, m, a, b, res, act)
     elif streaming:
-        planes_range(x, y, lo, hi, n_planes, S, m, a, b, stream_one, stream_split, act)
+        planes_range(x, y, lo, hi, n_planes, S, m, a, b, stream_one, stream_split, res, act)
     else:
-        planes_range(x, y, lo, hi, n_planes, S, m, a, b, vector_one, vector_split, act)
+        planes_range(x, y, lo, hi, n_planes, S, m, a, b, vector_one, vector_split, res, act)
 
 
 @njit(**KERNEL_OPTIONS)
-def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, act):
+def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, res, act):
     """Every group ``g`` of ``Cg`` consecutive planes (instance norm: ``Cg = 1``):
     statistics into ``mean[g], m2[g]`` (float64), parameters of its planes ``p`` into
     ``m[p], a[p], b[p]`` (compute dtype); then Y in one planes loop. One thread, for
@@ -107,21 +109,21 @@ def fused_planes_serial(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, ac
         mean[g] = mu
         m2[g] = q
         _fold_group(g, C, Cg, size, scale, B, epsilon, mu, q, m, a, b)
-    scale_shift_planes_serial(x, y, m.size, S, m, a, b, act)
+    scale_shift_planes_serial(x, y, m.size, S, m, a, b, res, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def fused_planes_parallel(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, act):
+def fused_planes_parallel(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, res, act):
     """:func:`fused_planes_serial`, groups in parallel."""
     for g in prange(mean.size):
-        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, False, act)
+        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, False, res, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def fused_planes_streaming(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, act):
+def fused_planes_streaming(x, y, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, res, act):
     """:func:`fused_planes_parallel` with streaming stores (``S >= MIN_PLANE``)."""
     for g in prange(mean.size):
-        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, True, act)
+        _fused_group(x, y, g, C, Cg, S, scale, B, epsilon, mean, m2, m, a, b, True, res, act)
         store_fence()
 
 
@@ -168,8 +170,8 @@ def merge_sample_rows(part_mean, part_m2, Cg, rows_per_sample, rows_per_block, m
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b, act):
-    """NXC: ``y = act((x - m[n, c]) * a[n, c] + b[n, c])`` (parameters flat, ``n * C + c``)
+def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b, res, act):
+    """NXC: ``y = act((x - m[n, c]) * a[n, c] + b[n, c] + res)`` (parameters flat, ``n * C + c``)
     over blocks of rows in parallel; for samples too small to be worth a launch each."""
     n_samples = m.size // C
     blocks_per_sample = (rows_per_sample + rows_per_block - 1) // rows_per_block
@@ -181,7 +183,8 @@ def normalize_rows(x, y, C, rows_per_sample, rows_per_block, m, a, b, act):
         an = a[n * C:(n + 1) * C]
         bn = b[n * C:(n + 1) * C]
         for r in range(first, last):
-            run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn, act)
+            run_tables(x[r * C:(r + 1) * C], y[r * C:(r + 1) * C], mn, an, bn,
+                       residual_slice(res, r * C, (r + 1) * C), act)
 
 
 # one-thread twins (see normkernels.kernels.cache.serial_twin)

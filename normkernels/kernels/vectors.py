@@ -224,6 +224,11 @@ def _codegen(mode, nontemporal):
             xv = widen(builder, xv, lanes)
         mean, a, b = _parameters(context, builder, sig, args, mode, lanes, xv.type.element)
         yv = builder.fadd(builder.fmul(builder.fsub(xv, mean), a), b)
+        resty = sig.args[-2]
+        if isinstance(resty, types.Array):  # a residual added before the activation
+            rv = _load_vector(builder, _element_ptr(context, builder, resty, args[-2], index),
+                              lanes, elem, resty.dtype.bitwidth // 8)
+            yv = builder.fadd(yv, rv if widen is None else widen(builder, rv, lanes))
         yv = activations.build(builder, sig.args[-1].kind, yv)
         if narrow is not None:
             yv = narrow(builder, yv, lanes)
@@ -242,40 +247,49 @@ def _compute_type(y):
     return types.float64 if y.dtype == types.float64 else types.float32
 
 
+def _epilogue_ok(y, res, act):
+    """``res``: none, or an array of y's dtype (a residual); ``act``: an activation."""
+    if not isinstance(act, ActivationType):
+        return False
+    return isinstance(res, types.NoneType) or (isinstance(res, types.Array)
+                                               and res.dtype == y.dtype)
+
+
 def _scalars_intrinsic(nontemporal):
-    def typer(typingctx, x, y, index, mean, a, b, act):
+    def typer(typingctx, x, y, index, mean, a, b, res, act):
         if not _arrays_ok(x, y, index) or any(t != _compute_type(y) for t in (mean, a, b)):
             return None
-        if not isinstance(act, ActivationType):
+        if not _epilogue_ok(y, res, act):
             return None
-        return types.void(x, y, index, mean, a, b, act), _codegen("scalars", nontemporal)
+        return (types.void(x, y, index, mean, a, b, res, act),
+                _codegen("scalars", nontemporal))
 
     return intrinsic(typer)
 
 
 def _tables_intrinsic(nontemporal):
-    def typer(typingctx, x, y, index, mean, a, b, phase, act):
+    def typer(typingctx, x, y, index, mean, a, b, phase, res, act):
         tables = (mean, a, b)
         if not _arrays_ok(x, y, index) or not isinstance(phase, types.Integer):
             return None
         if not all(isinstance(t, types.Array) and t.dtype == _compute_type(y) for t in tables):
             return None
-        if not isinstance(act, ActivationType):
+        if not _epilogue_ok(y, res, act):
             return None
-        return (types.void(x, y, index, mean, a, b, phase, act),
+        return (types.void(x, y, index, mean, a, b, phase, res, act),
                 _codegen("tables", nontemporal))
 
     return intrinsic(typer)
 
 
 def _split_intrinsic(nontemporal):
-    def typer(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split, act):
+    def typer(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split, res, act):
         scalars = (mean0, a0, b0, mean1, a1, b1)
         if not _arrays_ok(x, y, index) or not isinstance(split, types.Integer):
             return None
-        if any(t != _compute_type(y) for t in scalars) or not isinstance(act, ActivationType):
+        if any(t != _compute_type(y) for t in scalars) or not _epilogue_ok(y, res, act):
             return None
-        return (types.void(x, y, index, *scalars, split, act),
+        return (types.void(x, y, index, *scalars, split, res, act),
                 _codegen("split", nontemporal))
 
     return intrinsic(typer)

@@ -142,6 +142,7 @@ class Call(NamedTuple):  # a tuple: cheap to build on every call (per-call laten
     engine: object = None
     path: str = None
     act: str = None  # an activation epilogue's name (package extension), or None
+    res: object = None  # a residual added before the activation (package extension)
 
 
 def prepare(opset, attributes, num_outputs=None, saved_var="variance", data_format="NCX",
@@ -194,10 +195,10 @@ def _mode(version, label, attrs, num_outputs):
 def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, momentum=None,
                         training_mode=None, is_test=None, spatial=None, consumed_inputs=None,
                         num_outputs=None, saved_var="variance", opset=15, data_format="NCX",
-                        activation=None, out=None, engine, path=None):
+                        activation=None, add=None, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_normalization`; ``engine`` runs the loops."""
     key = given = None
-    if path is None and activation is None:  # an earlier call's plan (see ops/plans.py)
+    if path is None and activation is None and add is None:  # an earlier call's plan
         try:
             key = (OP, engine, opset, epsilon, momentum, training_mode, is_test, spatial,
                    consumed_inputs, num_outputs, saved_var, data_format, type(opset),
@@ -233,8 +234,14 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     if rank is not None and X.ndim != rank:
         raise ValueError(f"{call.label}: X must be {rank}-D (N x C x H x W), "
                          f"got shape {X.shape}")
+    res = common.check_residual(call.label, "add", add, X)
     if out is not None:
-        common.check_out(call.label, out, X, arrays)
+        common.check_out(call.label, out, X, arrays,
+                         {"X": X} if res is None else {"X": X, "add": res})
+    if res is not None:
+        if not call.spatial:
+            raise ValueError(f"{call.label}: add= needs spatial=1 (statistics per channel)")
+        call = call._replace(res=res)
     if not call.spatial:
         return _non_spatial(call, X, arrays, out)
     common.check_channel_params(call.label, common.channel_count(X, data_format), arrays)
@@ -301,7 +308,7 @@ def _run(call, X, arrays, data_format, out):
     if not call.training:
         return common.infer(X, arrays["scale"], arrays["B"], arrays["input_mean"],
                             arrays["input_var"], call.epsilon, data_format, out, call.engine,
-                            call.path, call.act)
+                            call.path, call.act, call.res)
     return _training(call, X, arrays, data_format, out)
 
 
@@ -317,7 +324,7 @@ def _training(call, X, arrays, data_format, out):
     count, batch_mean, m2 = engine.channel_moments(Xc, C, S, call.path)
     batch_var = m2 / count  # population variance (divide by N)
     Y = common.infer(X, arrays["scale"], arrays["B"], batch_mean, batch_var, eps, data_format,
-                     out, engine, call.path, call.act)
+                     out, engine, call.path, call.act, call.res)
     stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
     running_mean = engine.running(arrays["input_mean"], batch_mean, momentum, stats_dtype)
     running_var = engine.running(arrays["input_var"], batch_var, momentum, stats_dtype)

@@ -319,19 +319,44 @@ def contiguous_layout(X, data_format):
     return X.transpose(order), channel_count(X, data_format), S
 
 
-def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None, act=None):
-    """Y = act((X - mean) * scale / sqrt(var + epsilon) + B) per channel, written to
-    ``out`` (or a new array); the engine folds the parameters (the rule of
+def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None, act=None,
+          res=None):
+    """Y = act((X - mean) * scale / sqrt(var + epsilon) + B + res) per channel, written
+    to ``out`` (or a new array); the engine folds the parameters (the rule of
     :func:`normkernels.reference.fold_parameters`). ``act``: an activation's name, or
-    None."""
-    extra = {} if act is None else {"act": act}  # engines without epilogues take none
-    return map_layout(X, data_format, out, lambda x, y, C, S: engine.inference(
-        x, y, C, S, scale, B, mean, var, epsilon, path, **extra))
+    None; ``res``: a checked residual of X's shape and dtype, or None."""
+
+    def kernel(x, y, C, S, r=None):
+        extra = epilogue(act, r)
+        return engine.inference(x, y, C, S, scale, B, mean, var, epsilon, path, **extra)
+
+    return map_layout(X, data_format, out, kernel, res)
 
 
-def map_layout(X, data_format, out, kernel):
+def epilogue(act, res):
+    """The keyword arguments of an engine call for an epilogue: none when there is none
+    (engines without epilogues take none)."""
+    extra = {} if act is None else {"act": act}
+    if res is not None:
+        extra["res"] = res
+    return extra
+
+
+def check_residual(op, name, res, X):
+    """A residual added before the activation: an array of X's shape and dtype."""
+    if res is None:
+        return None
+    res = as_array(name, res)
+    if res.shape != X.shape or res.dtype != X.dtype:
+        raise ValueError(f"{op}: {name} must have X's shape and dtype ({X.shape}, {X.dtype}), "
+                         f"got ({res.shape}, {res.dtype})")
+    return res
+
+
+def map_layout(X, data_format, out, kernel, res=None):
     """Y from ``kernel(x, y, C, S)`` run over X's memory order, written to ``out`` (or
-    a new array in X's memory order).
+    a new array in X's memory order); with a residual ``res`` (X's shape), ``kernel(x,
+    y, C, S, r)`` with ``r`` in x's memory order (copied there when it is not).
 
     ``x`` and ``y`` are C-contiguous views (X copied first when it is neither
     channels-first nor channels-last in memory) in which channel ``c`` of flat
@@ -351,10 +376,13 @@ def map_layout(X, data_format, out, kernel):
         y = out
     else:
         y = np.empty_like(X)  # same memory order as X
+    extra = ()
+    if res is not None:  # the kernels read the residual in x's memory order
+        extra = (np.ascontiguousarray(res if order is None else res.transpose(order)),)
     if order is None:
-        kernel(X, y, C, S)
+        kernel(X, y, C, S, *extra)
     else:
-        kernel(X.transpose(order), y.transpose(order), C, S)
+        kernel(X.transpose(order), y.transpose(order), C, S, *extra)
     if out is not None and y is not out:
         np.copyto(out, y)
         return out

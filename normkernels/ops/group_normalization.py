@@ -70,11 +70,13 @@ def _check_rank(label, X, least):
                          f"got shape {X.shape}")
 
 
-def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act=None):
+def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act=None,
+              res=None):
     """``(Y, mean, M2, count)``: Y written to ``out`` (or a new array), the per-(n,
     group) mean and M2 (flat ``n * groups + g``, float64) over ``count`` elements each.
     ``scale`` and ``bias`` per channel, checked; ``act`` an activation epilogue's name
-    (:mod:`normkernels.kernels.activations`) or None."""
+    (:mod:`normkernels.kernels.activations`) or None; ``res`` a checked residual added
+    before it, or None."""
     C = common.channel_count(X, data_format)
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     N = X.shape[0]
@@ -83,9 +85,9 @@ def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path
         raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent: "
                          "the mean and variance of zero elements are undefined")
     stats = {}
-    extra = {} if act is None else {"act": act}  # engines without epilogues take none
 
-    def kernel(x, y, C, S):
+    def kernel(x, y, C, S, r=None):
+        extra = common.epilogue(act, r)
         if S == spatial:  # channels-first memory (or spatial size 1: both agree)
             stats["m"] = engine.instance_planes(x, y, C, S, scale, bias, eps, path,
                                                 group=C // groups, **extra)
@@ -93,17 +95,17 @@ def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path
             stats["m"] = engine.instance_rows(x, y, N, C, scale, bias, eps, path,
                                               group=C // groups, **extra)
 
-    Y = common.map_layout(X, data_format, out, kernel)
+    Y = common.map_layout(X, data_format, out, kernel, res)
     mean, m2 = stats.get("m", (np.zeros(N * groups), np.zeros(N * groups)))
     return Y, mean, m2, count
 
 
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None,
-                        opset=21, data_format="NCX", activation=None, out=None, engine,
-                        path=None):
+                        opset=21, data_format="NCX", activation=None, add=None, out=None,
+                        engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization`."""
     key = given = None
-    if path is None and activation is None:  # an earlier call's plan (see ops/plans.py)
+    if path is None and activation is None and add is None:  # an earlier call's plan
         try:
             key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format,
                    type(opset), type(epsilon), type(stash_type), type(num_groups),
@@ -146,13 +148,15 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
                                  f"shape {p.shape}")
     else:
         common.check_channel_params(label, C, arrays)
+    res = common.check_residual(label, "add", add, X)
     if out is not None:
-        common.check_out(label, out, X, arrays)
+        common.check_out(label, out, X, arrays, {"X": X} if res is None else {"X": X, "add": res})
     checked = (X, arrays["scale"], arrays["bias"])
     scale, bias = arrays["scale"], arrays["bias"]
     if version.per_group:  # each channel takes its group's value
         scale, bias = np.repeat(scale, C // groups), np.repeat(bias, C // groups)
-    Y = normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act)[0]
+    Y = normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act,
+                  res)[0]
     # a plan for per-channel parameters only (opset 18's are repeated per call)
     if key is not None and eps and not version.per_group and plans.plain(given, checked):
         spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])

@@ -65,12 +65,13 @@ def check_rank(version, label, shape):
 
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
-                           data_format="NCX", activation=None, out=None, engine, path=None):
+                           data_format="NCX", activation=None, add=None, out=None, engine,
+                           path=None):
     """Spec layer of :func:`normkernels.instance_normalization`; ``engine`` runs the
     loops (``engine.instance_planes`` for channels-first memory,
     ``engine.instance_rows`` for channels-last)."""
     key = given = None
-    if path is None and activation is None:  # an earlier call's plan (see ops/plans.py)
+    if path is None and activation is None and add is None:  # an earlier call's plan
         try:
             key = (OP, engine, opset, epsilon, consumed_inputs, data_format, type(opset),
                    type(epsilon), type(consumed_inputs), type(data_format),
@@ -89,7 +90,6 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
                                           "consumed_inputs": consumed_inputs})
     common.check_data_format(label, data_format)
     act = common.check_activation(label, activation)
-    extra = {} if act is None else {"act": act}  # engines without epilogues take none
     arrays = {"input": common.as_array("input", input), "scale": common.as_array("scale", scale),
               "B": common.as_array("B", B)}
     check_types(version, label, arrays)
@@ -97,22 +97,24 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     check_rank(version, label, X.shape)
     C = common.channel_count(X, data_format)
     common.check_channel_params(label, C, arrays)
+    res = common.check_residual(label, "add", add, X)
     if out is not None:
-        common.check_out(label, out, X, arrays)
+        common.check_out(label, out, X, arrays, {"X": X} if res is None else {"X": X, "add": res})
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     if spatial == 0 and X.shape[0] * C > 0:
         raise ValueError(f"{label}: input of shape {X.shape} has a zero-size spatial extent: "
                          "the mean and variance of zero elements are undefined")
     N = X.shape[0]
 
-    def kernel(x, y, C, S):
+    def kernel(x, y, C, S, r=None):
+        extra = common.epilogue(act, r)
         if S == spatial:  # channels-first memory (or spatial size 1: both agree)
             engine.instance_planes(x, y, C, S, arrays["scale"], arrays["B"], eps, path,
                                    **extra)
         else:  # channels-last memory
             engine.instance_rows(x, y, N, C, arrays["scale"], arrays["B"], eps, path, **extra)
 
-    Y = common.map_layout(X, data_format, out, kernel)
+    Y = common.map_layout(X, data_format, out, kernel, res)
     if key is not None and eps and plans.plain(given, (X, arrays["scale"], arrays["B"])):
         plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial))
     return Y
