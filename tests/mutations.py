@@ -572,18 +572,25 @@ MUTATIONS = [
              "coefficient 0.5000000120 replaced by 0.5 - 2^-12", [
                  (ACTIVATIONS, "1.6666665459e-1, 5.0000001201e-1)",
                   "1.6666665459e-1, 4.9975585938e-1)")], ORT_GN),
-    mutation("exp-underflow-not-zero/activations", "exp below the float32/float64 floor "
-             "returns the clamped value, not 0", [
-                 (ACTIVATIONS, "    return builder.select(below, _constant(ty, 0.0), e)",
-                  "    return e")], ORT_GN),
+    mutation("exp-floor-raised/activations", "float32 exp clamps its argument at -80, "
+             "not -104 (SiLU of -90 comes out 8 orders of magnitude off)", [
+                 (ACTIVATIONS, "_F32_EXP = dict(low=-104.0,", "_F32_EXP = dict(low=-80.0,")],
+             ORT_GN),
     mutation("vector-activation-dropped/activations", "the vector bodies skip the "
              "activation (the scalar heads and tails apply it)", [
                  (VECTORS, "        yv = activations.build(builder, sig.args[-1].kind, yv)\n",
                   "")], ORT_GN),
     mutation("scalar-activation-dropped/activations", "the scalar heads and tails skip "
              "the activation", [
-                 (SCALE_SHIFT, "store(y, i, activate(act, (load(x, i) - m) * a + b))",
-                  "store(y, i, (load(x, i) - m) * a + b)")], ORT_GN),
+                 (SCALE_SHIFT, "store(y, i, activate(act, with_residual(res, i, (load(x, i) - m) "
+                  "* a + b)))", "store(y, i, with_residual(res, i, (load(x, i) - m) * a + b))")],
+             ORT_GN),
+    mutation("vector-residual-dropped/epilogues", "the vector bodies leave out add=", [
+                 (VECTORS, "            yv = builder.fadd(yv, rv if widen is None else "
+                  "widen(builder, rv, lanes))\n", "")], ORT_GN),
+    mutation("scalar-residual-dropped/epilogues", "the scalar loops leave out add=", [
+                 (ACTIVATIONS, "    return lambda res, i, value: value + load(res, i)",
+                  "    return lambda res, i, value: value")], ORT_GN),
     mutation("channels-last-inverted/ort-groupnorm", "channels_last=1 read as channels "
              "first", [(ORT_GN_SPEC, 'return eps, ACTIVATIONS[silu], "NXC" if last else "NCX"',
                         'return eps, ACTIVATIONS[silu], "NCX" if last else "NXC"')], ORT_GN),

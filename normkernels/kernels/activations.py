@@ -175,7 +175,9 @@ def _horner(builder, x, coefficients):
 
 def _exp_nonpositive(builder, t):
     """``exp(t)`` for ``t <= 0`` (a NaN gives some finite value: callers multiply it by
-    the NaN they came from); 0 below the dtype's ``low``."""
+    the NaN they came from); 0 below the dtype's ``low``: ``t`` is clamped there, and
+    ``exp(low)`` is below half the smallest subnormal (``2^-150``, ``2^-1075``), so the
+    last product rounds it to 0."""
     ty = t.type
     k_ = _F64_EXP if _is_double(ty) else _F32_EXP
     low = _constant(ty, k_["low"])
@@ -208,8 +210,7 @@ def _exp_nonpositive(builder, t):
     bias = _int_constant(ity, k_["bias"])
     f1 = builder.bitcast(builder.shl(builder.add(k1, bias), shift), ty)
     f2 = builder.bitcast(builder.shl(builder.add(k2, bias), shift), ty)
-    e = builder.fmul(builder.fmul(e, f1), f2)
-    return builder.select(below, _constant(ty, 0.0), e)
+    return builder.fmul(builder.fmul(e, f1), f2)
 
 
 def _sigmoid(builder, z):
