@@ -18,7 +18,8 @@ and the ratios the issue sets targets for: ``gn+silu / gn`` (<= 1.10) and ``gn+s
 torch gn+silu`` (<= 0.5). AdaLN at (8, 1024, 1152): ``ada_layer_norm`` against
 ``layer_normalization`` (the same rows without modulation) and against DiT's torch code
 (``F.layer_norm`` without affine, then ``* (1 + scale) + shift``; with the residual,
-``x + gate * h`` first).
+``x + gate * h`` first). BatchNorm inference + add + ReLU at (32, 64, 112, 112) against
+BatchNorm alone and against ``F.relu(F.batch_norm(x) + r)``.
 """
 
 import argparse
@@ -81,6 +82,23 @@ def _ada_runs(rng, dtype, torch, F):
     }
 
 
+def _bn_runs(rng, dtype, torch, F):
+    shape = (32, 64, 112, 112)
+    x = rng.standard_normal(shape).astype(dtype)
+    r = rng.standard_normal(shape).astype(dtype)
+    p = [rng.standard_normal(64).astype(dtype) for _ in range(3)]
+    p.append(rng.uniform(0.5, 2, 64).astype(dtype))
+    out = np.empty_like(x)
+    xt, rt = torch.from_numpy(x), torch.from_numpy(r)
+    pt = [torch.from_numpy(v) for v in p]
+    return {
+        "bn": lambda: nk.batch_normalization(x, *p, out=out),
+        "bn+add+relu": lambda: nk.batch_normalization(x, *p, add=r, activation="relu", out=out),
+        "torch bn+add+relu": lambda: F.relu(F.batch_norm(xt, pt[2], pt[3], pt[0], pt[1]) + rt),
+        "torch bn": lambda: F.batch_norm(xt, pt[2], pt[3], pt[0], pt[1]),
+    }
+
+
 def _best(runs, repeat, torch):
     best = dict.fromkeys(runs, float("inf"))
     with torch.no_grad():
@@ -132,6 +150,14 @@ def main(argv=None):
           f"{ms['adaln+residual'] / ms['torch adaln+residual']:.2f} |")
     print(f"| torch: adaln {ms['torch adaln']:.3f} ms, with the residual "
           f"{ms['torch adaln+residual']:.3f} ms | | | |")
+    ms = _best(_bn_runs(rng, dtype, torch, F), max(3, args.repeat // 3), torch)
+    print()
+    print("| 32x64x112x112 | bn ms | bn+add+relu ms | torch bn+add+relu ms | torch bn ms | "
+          "fused / bn | fused / torch |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| NCX | {ms['bn']:.2f} | {ms['bn+add+relu']:.2f} | {ms['torch bn+add+relu']:.2f} | "
+          f"{ms['torch bn']:.2f} | {ms['bn+add+relu'] / ms['bn']:.2f} | "
+          f"{ms['bn+add+relu'] / ms['torch bn+add+relu']:.2f} |")
 
 
 if __name__ == "__main__":
