@@ -241,3 +241,15 @@ def test_ada_group_norm_bind_and_errors(rng):
         nk.ada_group_norm(X, shift, scale, num_groups=3)
     with pytest.raises(ValueError, match="at least 3 dimensions"):
         nk.ada_group_norm(X[:, :, 0, 0], shift, scale, num_groups=2)
+
+
+def test_zero_shift_keeps_a_negative_zero():
+    """The one value a zero shift could change: a normalized -0.0 (x - mean the
+    smallest negative subnormal times a < 1 underflows to -0.0). LayerNorm without B
+    keeps it (adding -0.0), and so does ada_layer_norm with shift 0."""
+    tiny = np.nextafter(0.0, 1.0)
+    X = np.array([[[-4.0, 4.0, -tiny, tiny]]])
+    zeros = np.zeros((1, 4))
+    ln = nk.layer_normalization(X, np.ones(4), epsilon=EPS)
+    assert np.signbit(ln[0, 0, 2]) and ln[0, 0, 2] == 0
+    assert_identical(nk.ada_layer_norm(X, zeros, zeros), ln)
