@@ -268,6 +268,15 @@ def _constant_activation(context, builder, ty, pyval):
 # --- the residual added before the activation (None: none) ----------------------------
 
 
+def epilogue_ok(y, res, act):
+    """Types of an epilogue: ``res`` none or an array of y's dtype (a residual), ``act``
+    an activation (for the vector intrinsics' typers)."""
+    if not isinstance(act, ActivationType):
+        return False
+    return isinstance(res, types.NoneType) or (isinstance(res, types.Array)
+                                               and res.dtype == y.dtype)
+
+
 def with_residual(res, i, value):
     """``value + res[i]`` (``res[i]`` widened to value's dtype), or ``value`` when
     ``res`` is None; ``@njit`` only."""

@@ -35,7 +35,7 @@ from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from normkernels.kernels import activations
-from normkernels.kernels.activations import ActivationType
+from normkernels.kernels.activations import epilogue_ok as _epilogue_ok
 from normkernels.kernels.elements import narrow_bf16, narrow_f16, widen_bf16, widen_f16
 from normkernels.kernels.options import VECTOR_BYTES
 from normkernels.kernels.target import jit_target
@@ -245,14 +245,6 @@ def _arrays_ok(x, y, index):
 
 def _compute_type(y):
     return types.float64 if y.dtype == types.float64 else types.float32
-
-
-def _epilogue_ok(y, res, act):
-    """``res``: none, or an array of y's dtype (a residual); ``act``: an activation."""
-    if not isinstance(act, ActivationType):
-        return False
-    return isinstance(res, types.NoneType) or (isinstance(res, types.Array)
-                                               and res.dtype == y.dtype)
 
 
 def _scalars_intrinsic(nontemporal):
