@@ -126,7 +126,8 @@ def _unbox_activation(typ, obj, c):
 
 
 def _constant(value_type, x):
-    """A float constant of ``value_type`` (scalar or vector)."""
+    """A constant of ``value_type`` (a float or integer type, scalar or vector: every
+    lane ``x``)."""
     if isinstance(value_type, ir.VectorType):
         return ir.Constant(value_type, [ir.Constant(value_type.element, x)] * value_type.count)
     return ir.Constant(value_type, x)
@@ -139,12 +140,6 @@ def _int_type(value_type):
     if isinstance(value_type, ir.VectorType):
         return ir.VectorType(bits, value_type.count)
     return bits
-
-
-def _int_constant(int_type, x):
-    if isinstance(int_type, ir.VectorType):
-        return ir.Constant(int_type, [ir.Constant(int_type.element, x)] * int_type.count)
-    return ir.Constant(int_type, x)
 
 
 def _is_double(value_type):
@@ -204,10 +199,10 @@ def _exp_nonpositive(builder, t):
     # 2^k as 2^k1 * 2^k2, k1 = k >> 1: each factor a normal number
     ity = _int_type(ty)
     ki = builder.fptosi(k, ity)
-    k1 = builder.ashr(ki, _int_constant(ity, 1))
+    k1 = builder.ashr(ki, _constant(ity, 1))
     k2 = builder.sub(ki, k1)
-    shift = _int_constant(ity, k_["mantissa"])
-    bias = _int_constant(ity, k_["bias"])
+    shift = _constant(ity, k_["mantissa"])
+    bias = _constant(ity, k_["bias"])
     f1 = builder.bitcast(builder.shl(builder.add(k1, bias), shift), ty)
     f2 = builder.bitcast(builder.shl(builder.add(k2, bias), shift), ty)
     return builder.fmul(builder.fmul(e, f1), f2)
