@@ -83,13 +83,19 @@ class WarmupCase:
 class OperatorFormulas:
     """The NumPy formulas of an :class:`normkernels.operators.Operator` (a mixin: it
     reads the record's fields ``family``, ``name``, ``skip``, ``reads_only``,
-    ``mode_kwargs`` and its ``rows``, ``batch_statistics`` and ``group_count``)."""
+    ``per_sample``, ``mode_kwargs`` and its ``rows``, ``batch_statistics`` and
+    ``group_count``)."""
 
 
     def formula(self, X, params, mode, axis, dtype):
         """What a NumPy user would write, in ``dtype``: Y (mean and variance for
         moments; dX for mode "backward"); parameters broadcast along the channel
-        ``axis`` (row normalizations: over the last axis, parameters per column)."""
+        ``axis`` (row normalizations: over the last axis, parameters per column;
+        ``per_sample`` ones, (N, C), per sample too, the scale as ``1 + scale``)."""
+        if self.per_sample:  # the modulation's gain (scale follows dY in a backward)
+            k = int(mode == BACKWARD)
+            params = [v if v.dtype == dtype else v.astype(dtype) for v in params]
+            params[k] = params[k] + dtype.type(1)
         if mode == BACKWARD:
             return self._backward_formula(X, params, axis, dtype)
         if self.rows:
@@ -125,7 +131,7 @@ class OperatorFormulas:
         g = x.reshape(N, self.group_count(C), -1)
         mean = g.mean(axis=-1, keepdims=True)
         var = g.var(axis=-1, keepdims=True)
-        shape = (1, C) + (1,) * (x.ndim - 2)
+        shape = (-1, C) + (1,) * (x.ndim - 2)  # per channel, or per (n, c)
         y = ((g - mean) / np.sqrt(var + dtype.type(EPSILON))).reshape(x.shape)
         return y * p[0].reshape(shape) + p[1].reshape(shape)
 
@@ -146,7 +152,7 @@ class OperatorFormulas:
 
     def _row_formula(self, X, params, dtype):
         x = X if dtype == X.dtype else X.astype(dtype)
-        p = [v.astype(dtype) for v in params]
+        p = [self._along_rows(v.astype(dtype), x.ndim) for v in params]
         eps = dtype.type(EPSILON)
         if self.family == "lp":
             return x / np.sqrt((x * x).sum(axis=-1, keepdims=True))
@@ -167,11 +173,12 @@ class OperatorFormulas:
         x = X if dtype == X.dtype else X.astype(dtype)
         dy, gamma, *stats = [v if v.dtype == dtype else v.astype(dtype) for v in params]
         eps = dtype.type(EPSILON)
-        if self.rows:  # statistic group: a row; scale per column
-            return self._gradient(x, dy * gamma, (-1,), eps, self.family == "layer")
+        if self.rows:  # statistic group: a row; scale per column (or per sample)
+            g = dy * self._along_rows(gamma, x.ndim)
+            return self._gradient(x, g, (-1,), eps, self.family == "layer")
         x, dy = np.moveaxis(x, axis, 1), np.moveaxis(dy, axis, 1)  # NCX from here
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        g = dy * gamma.reshape(shape)
+        g = dy * gamma.reshape(-1, x.shape[1], *shape[2:])  # per channel, or per (n, c)
         if self.family == "group":  # (n, group): its channels and spatial positions
             grouped = (x.shape[0], self.group_count(x.shape[1]), -1)
             dx = self._gradient(x.reshape(grouped), g.reshape(grouped), (-1,), eps)
@@ -183,6 +190,13 @@ class OperatorFormulas:
         else:  # instance normalization: (n, c), over the spatial axes
             dx = self._gradient(x, g, tuple(range(2, x.ndim)), eps)
         return np.moveaxis(dx, 1, axis)
+
+    @staticmethod
+    def _along_rows(v, ndim):
+        """A row normalization's parameter, broadcast over X's rows: unit axes before
+        its last (per column (C,), per sample (N, C) -> (N, 1, ..., C); X's shape:
+        as it is)."""
+        return v.reshape(*v.shape[:-1], *(1,) * (ndim - v.ndim), v.shape[-1])
 
     @staticmethod
     def _gradient(x, g, axes, eps, centered=True, stats=None):

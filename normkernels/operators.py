@@ -12,18 +12,17 @@ loops, and one record here (see CONTRIBUTING.md). A record's backward pass (mode
 is its ``backward`` field, the public gradient function, plus
 ``mode_kwargs["backward"]``. The parts a record is built from (:class:`Onnx`,
 :class:`WarmupCase`, the NumPy formulas the bench checks it with, and ``EPSILON``,
-``GROUPS``, ``BACKWARD``) are in :mod:`normkernels.operator_record`.
+``GROUPS``, ``BACKWARD``) are in :mod:`normkernels.operator_record`; how its calls are
+made (parameters, arguments, the call, coldstart's source) in
+:mod:`normkernels.operator_calls`.
 
 Importing this module imports neither Numba nor the operators' spec modules.
 """
 
-import importlib
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from normkernels.dtypes import BFLOAT16, FLOAT32
+from normkernels.operator_calls import OperatorCalls
 from normkernels.operator_record import (
     BACKWARD,
     EPSILON,
@@ -40,7 +39,7 @@ MOMENTUM = 0.9  # ONNX convention: weighs the old running value (PyTorch's is 1 
 
 
 @dataclass(frozen=True)
-class Operator(OperatorFormulas):
+class Operator(OperatorCalls, OperatorFormulas):
     """One public operator. ``family`` says what its workloads are and which formula
     the bench checks them with: NCX or NXC tensors with parameters per channel,
     "channel" (statistics per channel or per (n, c)) or "group" (per (n, group):
@@ -50,11 +49,18 @@ class Operator(OperatorFormulas):
     (parameters per column; ``skip``: onnxruntime's skip add first, its first
     parameter is then ``skip``, of X's shape) or "lp" (no parameters).
 
+    ``per_sample``: the diffusion models' modulation (AdaLN, AdaGroupNorm): the two
+    parameters, scale and B (the shift), come per sample, of shape (N, C) (C: the
+    channels, or a row normalization's row length), and Y is the normalization (without
+    affine parameters) ``* (1 + scale[n]) + shift[n]``, broadcast over the sample's
+    rows or spatial positions.
+
     ``backward`` names the public gradient function of the operator; a record that has
     one gets the mode "backward" (appended to ``modes``), whose calls are ``backward(dY,
     X, scale[, mean, var], **mode_kwargs["backward"], out=dX)``: dY of X's shape and
     layout, the forward's first parameter, and for batch normalization (the records
-    whose forward takes mean and var) X's batch mean and population variance. Its
+    whose forward takes mean and var) X's batch mean and population variance (a
+    ``per_sample`` record's: ``(dY, X, scale, B)``, in its ``signature``'s order). Its
     formula is dX (specs/backward-passes.md section 1), its workloads move three
     X-sized arrays (X and dY read, dX written) and no ONNX peer has it."""
 
@@ -85,6 +91,7 @@ class Operator(OperatorFormulas):
     # "NXC": value}) (onnxruntime's GroupNorm: channels_last)
     layout_attribute: tuple = None
     epilogue: str = None  # the activation its workloads apply after the affine ("silu")
+    per_sample: bool = False  # (scale, B) per sample, (N, C): Y = norm * (1 + scale) + B
 
     def __post_init__(self):
         if self.backward is not None and BACKWARD not in self.modes:
@@ -117,132 +124,6 @@ class Operator(OperatorFormulas):
             return shape[-1]
         return shape[1] if len(shape) > 1 else 1
 
-    def params(self, rng, C, dtype, shape=None, mode="inference", X=None, axis=1):
-        """The parameters of a workload (``C``: :meth:`columns`; ``shape``: X's, for a
-        skip input and dY): float32 (bfloat16 for oneDNN ops on bfloat16 X), X's dtype
-        for operators whose parameters share X's type.
-
-        Mode "backward": what follows X in the backward call, dY first (of ``shape``, in
-        X's dtype, the way ``skip`` comes first), then scale, and with
-        :attr:`batch_statistics` the batch mean and population variance of ``X`` (over
-        every axis but the channel ``axis``) in the parameters' dtype."""
-        pdt = FLOAT32 if self.param_dtype == "float32" else dtype
-        if self.name == "batchnorm-inference" or (self.param_dtype and dtype == BFLOAT16):
-            pdt = BFLOAT16 if dtype == BFLOAT16 else FLOAT32
-        values = (rng.uniform(0.5, 2.0, C), rng.standard_normal(C), rng.standard_normal(C),
-                  rng.uniform(0.5, 2.0, C))
-        if mode == BACKWARD:
-            dY = rng.standard_normal(shape).astype(dtype)
-            if not self.batch_statistics:
-                return dY, values[0].astype(pdt)
-            x = np.asarray(X, np.float64)
-            reduced = tuple(i for i in range(x.ndim) if i != axis)
-            return (dY, values[0].astype(pdt), x.mean(axis=reduced).astype(pdt),
-                    x.var(axis=reduced).astype(pdt))
-        params = tuple(v.astype(pdt) for v in values[:self.n_params])
-        if self.skip:
-            params = (rng.standard_normal(shape).astype(dtype), *params)
-        return params
-
-    def kwargs(self, mode, data_format, C=None):
-        """The keyword arguments of a call (``C``: X's channels, for the group count)."""
-        kwargs = dict(self.mode_kwargs.get(mode, {}))
-        if self.groups is not None:
-            kwargs[self.groups[0]] = self.group_count(C)
-        if self.layout_attribute is not None:
-            name, values = self.layout_attribute
-            kwargs[name] = values[data_format]
-        elif not (self.rows or self.family == "mvn"):
-            kwargs["data_format"] = data_format
-        return kwargs
-
-    def channel_count(self, X, data_format):
-        """C of a workload's X in ``data_format``."""
-        if X.ndim < 2:
-            return 1
-        return X.shape[1] if data_format == "NCX" else X.shape[-1]
-
-    def target(self, mode):
-        """``(function, spec module)`` a call in ``mode`` runs."""
-        if mode != BACKWARD:
-            return self.function, self.spec
-        if self.backward is None:
-            raise ValueError(f"{self.name} has no mode {BACKWARD!r} (its modes: "
-                             f"{', '.join(self.modes)})")
-        return self.backward, self.backward_spec
-
-    def arguments(self, X, params, mode):
-        """The positional arguments: ``(X, *params)``; backward ``(dY, X, *rest)``; or
-        in the order :attr:`signature` names for ``mode``."""
-        if mode == BACKWARD:
-            names = ("dY", "X", "scale", "mean", "var")
-            args = (params[0], X, *params[1:])
-        else:
-            names = ("X", "skip", "scale", "B", "mean", "var") if self.skip else (
-                "X", "scale", "B", "mean", "var")
-            args = (X, *params)
-        order = self.signature.get(mode)
-        if order is None:
-            return args
-        by_name = dict(zip(names, args, strict=False))  # records pass fewer
-        return tuple(by_name[name] for name in order)
-
-    def bound(self, X, params, mode="inference", data_format="NCX", out=None):
-        """A zero-argument call of the public function (arguments bound once: the
-        bench times this, so it adds nothing but the call itself)."""
-        from normkernels import api
-
-        fn = getattr(api, self.target(mode)[0])
-        args = self.arguments(X, params, mode)
-        kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
-        if not self.reads_only:
-            kwargs["out"] = out
-        return lambda: fn(*args, **kwargs)
-
-    def call(self, X, params, mode="inference", data_format="NCX", out=None, engine=None,
-             path=None):
-        """Run the operator: the public function, or with ``engine`` (and ``path``)
-        its spec layer on that engine (the Numba engine when only ``path`` is given)."""
-        function, module = self.target(mode)
-        args = self.arguments(X, params, mode)
-        kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
-        if not self.reads_only:
-            kwargs["out"] = out
-        if engine is None and path is None:
-            from normkernels import api
-
-            return getattr(api, function)(*args, **kwargs)
-        if engine is None:
-            from normkernels.engine.numba_engine import ENGINE as engine
-        spec = importlib.import_module(f"normkernels.ops.{module}")
-        return getattr(spec, function)(*args, engine=engine, path=path, **kwargs)
-
-
-    def coldstart_call(self, mode):
-        """Source of a first call, for ``normkernels coldstart`` (X, p defined, X in
-        NCX; row normalizations take X's rows, X.reshape(-1, X.shape[-1]); the
-        backward's dY is X, its mean and var p)."""
-        x = "X.reshape(-1, X.shape[-1])" if self.rows else "X"
-        p = "np.ones(X.shape[-1], 'float32')" if self.rows else "p"  # per column
-        if mode == BACKWARD:
-            count = 3 if self.batch_statistics else 1
-            args = ", ".join([x, x, *[p] * count])
-        elif self.signature.get(mode):
-            args = ", ".join(x if name in ("X", "skip") else p for name in self.signature[mode])
-        else:
-            args = ", ".join([x, *[x] * self.skip, *[p] * self.n_params])
-        kwargs = {k: repr(v) for k, v in self.mode_kwargs.get(mode, {}).items()}
-        if self.groups is not None:  # the largest divisor of C up to GROUPS
-            kwargs[self.groups[0]] = f"int(np.gcd(X.shape[1], {self.groups[1]}))"
-        if self.name in ("batchnorm-inference", "groupnorm-onednn",
-                         "batchnorm-training-onednn"):  # oneDNN: NXC default
-            kwargs["data_format"] = "'NCX'"
-        if self.layout_attribute is not None:
-            name, values = self.layout_attribute
-            kwargs[name] = repr(values["NCX"])
-        extra = "".join(f", {k}={v}" for k, v in kwargs.items())
-        return f"nk.{self.target(mode)[0]}({args}{extra})"
-
 
 _SCALE_SHIFT_WARMUP = (WarmupCase("planes", (2, 3, 64)), WarmupCase("periodic", (2, 3, 4)))
 _STATISTICS_WARMUP = (
@@ -268,6 +149,17 @@ _CHANNEL_BACKWARD_WARMUP = (WarmupCase("backward: planes", (2, 3, 256), "NCX", "
                             WarmupCase("backward: rows", (2, 3, 4, 4), "NXC", "backward"))
 _ROWS_BACKWARD_WARMUP = (WarmupCase("backward: rows", (64, 100), mode="backward",
                                     paths=("serial", "parallel")),)
+# per-sample modulation: the row kernels with float64 tables, one call per sample
+# (fused rows, the split path of a long row, the backward), and the instance and group
+# kernels with per-(n, c) float64 parameters (32 groups of 2 channels), as instancenorm's
+_ADA_ROWS_WARMUP = (WarmupCase("rows per sample", (2, 64, 100)),
+                    WarmupCase("split rows per sample", (1, 1, 70001),
+                               paths=("parallel", "streaming")))
+_ADA_GROUP_WARMUP = (WarmupCase("fused planes", (1, 64, 1024), per_thread=True),
+                     WarmupCase("fused short planes", (2, 64, 5, 5), paths=("serial",
+                                                                            "parallel")),
+                     WarmupCase("split planes", (2, 64, 64), paths=("parallel",)),
+                     WarmupCase("rows", (2, 64, 4, 4), "NXC", paths=("serial", "parallel")))
 
 OPERATORS = {op.name: op for op in [
     Operator("batchnorm", "ONNX BatchNormalization", "batch_normalization",
@@ -411,6 +303,17 @@ OPERATORS = {op.name: op for op in [
              warmup=(WarmupCase("skip add", (2, 32, 4, 4), "NXC", paths=("serial",
                                                                         "parallel")),
                      WarmupCase("skip add", (2, 32, 4, 4), paths=("serial", "parallel")))),
+    # per-sample modulation. No dask function: the (N, C) parameters would have to be
+    # chunked along N with X, and Chunked's "whole" hands any other array whole to a block
+    Operator("ada-layernorm", "Adaptive LayerNorm (DiT, FLUX, SD3)", "ada_layer_norm",
+             "modulated", n_params=2, family="layer", per_sample=True, torch="layer_norm",
+             mode_kwargs=_ROWS_EPSILON, signature={"inference": ("X", "B", "scale")},
+             warmup=_ADA_ROWS_WARMUP),
+    Operator("ada-groupnorm", "diffusers AdaGroupNorm", "ada_group_norm", "modulated",
+             n_params=2, family="group", per_sample=True, groups=("num_groups", GROUPS),
+             torch="group_norm",
+             mode_kwargs={"inference": {"epsilon": EPSILON}},
+             signature={"inference": ("X", "B", "scale")}, warmup=_ADA_GROUP_WARMUP),
     Operator("mvn", "ONNX MeanVarianceNormalization", "mean_variance_normalization",
              "mean_variance_normalization", n_params=0, family="mvn",
              onnx=Onnx("MeanVarianceNormalization", (9, 13), ("X",), None),

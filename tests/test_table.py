@@ -283,10 +283,12 @@ def test_a_special_value_stays_in_its_statistic_group(rng, case, dtype, data_for
 
 @pytest.mark.parametrize("case,dtype,data_format", ONE)
 def test_an_empty_batch(rng, case, dtype, data_format):
-    """N = 0: an empty Y (statistics of their usual shape), or a ValueError naming X."""
+    """N = 0: an empty Y (statistics of their usual shape), or a ValueError naming X.
+    Inputs of X's shape and per-sample parameters lose their samples too."""
     work = make(case, dtype, data_format, rng)
     X = work.X[:0]
-    params = tuple(p[:0] if isinstance(p, np.ndarray) and p.shape == work.X.shape else p
+    params = tuple(p[:0] if isinstance(p, np.ndarray) and (p.shape == work.X.shape or
+                                                           case.op.per_sample) else p
                    for p in work.params)
     try:
         result = work.call(X=X, params=params)

@@ -13,7 +13,10 @@ raises :class:`Unavailable` with the reason, which the bench prints. Peers:
   ``rms_norm`` / ``group_norm`` / ``local_response_norm`` / ``normalize``; channels-last
   workloads run on a channels_last tensor (no copy), as a PyTorch user would. Backward
   workloads: the ATen backward ops PyTorch's autograd runs, with the forward's saved
-  statistics computed before the timed call (see :func:`_torch_backward`).
+  statistics computed before the timed call (see :func:`_torch_backward`). Per-sample
+  modulation (AdaLN, AdaGroupNorm): the composite a diffusion model writes,
+  ``F.layer_norm`` or ``F.group_norm`` then ``* (1 + scale) + shift`` per sample, and
+  autograd of it for the backward (:func:`_torch_modulated`).
 * ``openvino``: the one-node model compiled for CPU with f32 inference precision (its
   default on this CPU is bf16). Importing openvino before Numba's first parallel call
   switches Numba to OpenVINO's bundled TBB, so the bench launches a Numba kernel first.
@@ -187,9 +190,11 @@ def torch_peer(workload, X, params, threads):
     if channels_last:
         x = x.movedim(-1, 1)  # NCHW logically, channels_last in memory: no copy
     p = [_to_torch(torch, np.asarray(v)) for v in params]
-    if workload.mode == BACKWARD:
-        if channels_last:
-            p[0] = p[0].movedim(-1, 1)  # dY, as X
+    if workload.mode == BACKWARD and channels_last:
+        p[0] = p[0].movedim(-1, 1)  # dY, as X
+    if op.per_sample:
+        run = _torch_modulated(torch, F, op, x, p, workload.mode == BACKWARD)
+    elif workload.mode == BACKWARD:
         run = _torch_backward(torch, op, x, p)
     elif op.rows:
         run = _torch_rows(torch, F, op, x, p)
@@ -265,6 +270,37 @@ def _torch_rows(torch, F, op, x, p):
             if op.family == "rms":
                 return F.rms_norm(v, shape, q[0], eps=EPSILON)
             return F.layer_norm(v, shape, q[0], q[1] if len(q) > 1 else None, eps=EPSILON)
+    return run
+
+
+def _torch_modulated(torch, F, op, x, p, backward):
+    """The unfused composite of a per-sample modulation (parameters (N, C), torch: one
+    dtype): ``F.layer_norm(x, (C,)) * (1 + scale[:, None]) + shift[:, None]`` (DiT) or
+    ``F.group_norm(x, G) * (1 + scale[..., None, None]) + shift[..., None, None]``
+    (diffusers' AdaGroupNorm), as many unit axes as X's rank needs. Backward (``p``: dY,
+    scale, shift): dX by ``torch.autograd.grad`` of that graph, built once (the
+    parameters' gradients too)."""
+    N, C = p[-1].shape
+    view = (N, *[1] * (x.ndim - 2), C) if op.rows else (N, C, *[1] * (x.ndim - 2))
+    dy, scale, shift = [None, *p] if not backward else p
+    scale, shift = scale.to(x.dtype).view(view), shift.to(x.dtype).view(view)
+
+    def forward(v, s, b):
+        if op.rows:
+            return F.layer_norm(v, (C,), eps=EPSILON) * (1 + s) + b
+        return F.group_norm(v, op.group_count(C), eps=EPSILON) * (1 + s) + b
+
+    if not backward:
+        def run():
+            with torch.no_grad():
+                return forward(x, scale, shift)
+        return run
+    leaves = tuple(t.detach().requires_grad_() for t in (x, scale, shift))
+    with torch.enable_grad():
+        y = forward(*leaves)
+
+    def run():
+        return torch.autograd.grad(y, leaves, dy, retain_graph=True)[0]
     return run
 
 

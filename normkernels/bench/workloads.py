@@ -15,6 +15,8 @@ shared, noisy machine shifts all of them together and the ratios hold:
 * ``axpb``: a plain parallel ``y = a * x + b`` loop over the same array,
 * ``numpy``: the NumPy formula a user would write.
 
+(The baselines' loops: :mod:`normkernels.bench.baselines`.)
+
 GB/s counts the bytes each candidate moves: the operator's (:func:`streams` X-sized
 arrays) for normkernels and the peers, a baseline's own for a baseline.
 """
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from normkernels.bench.baselines import baseline_calls as baseline_calls  # re-exported
 from normkernels.bench.harness import CACHE_STATES as CACHE_STATES  # re-exported
 from normkernels.bench.harness import (
     SMALL_WORKLOAD_BYTES,
@@ -73,6 +76,7 @@ class Workload:
 
 
 STEM, LAST = (32, 64, 112, 112), (64, 2048, 7, 7)
+DIT = (8, 1024, 1152)  # (samples, tokens, hidden): DiT-XL/2 at 512x512
 WORKLOADS = [
     Workload("resnet-stem-f32-ncx", "batchnorm", STEM, "float32", "NCX"),
     Workload("resnet-stem-f32-nxc", "batchnorm", STEM, "float32", "NXC"),
@@ -125,6 +129,19 @@ WORKLOADS = [
              "float32", "NXC"),
     Workload("skip-groupnorm-silu-sd-f32-nxc", "skip-groupnorm-ort", (2, 320, 64, 64),
              "float32", "NXC"),
+    # diffusion models' per-sample modulation: DiT-XL/2's AdaLN (256 tokens of 1152 at
+    # 256x256, 1024 at 512x512), diffusers' AdaGroupNorm in UNet/VAE blocks; small ones
+    Workload("ada-layernorm-dit-8x1024x1152-f32", "ada-layernorm", DIT, "float32"),
+    Workload("ada-layernorm-dit-8x1024x1152-bf16", "ada-layernorm", DIT, "bfloat16"),
+    Workload("ada-layernorm-1x128x768-f32", "ada-layernorm", (1, 128, 768), "float32"),
+    Workload("ada-groupnorm-512x64x64-f32-ncx", "ada-groupnorm", (1, 512, 64, 64), "float32"),
+    Workload("ada-groupnorm-512x64x64-f32-nxc", "ada-groupnorm", (1, 512, 64, 64), "float32",
+             "NXC"),
+    Workload("ada-groupnorm-128x256x256-f32-ncx", "ada-groupnorm", (1, 128, 256, 256),
+             "float32"),
+    Workload("ada-groupnorm-128x256x256-f32-nxc", "ada-groupnorm", (1, 128, 256, 256),
+             "float32", "NXC"),
+    Workload("ada-groupnorm-tiny-f32", "ada-groupnorm", (1, 16, 8, 8), "float32"),
     Workload("mvn-resnet-stem-f32", "mvn", STEM, "float32", "NCX"),
     Workload("lpnorm-8192x4096-f32", "lpnorm", (8192, 4096), "float32"),
     Workload("lrn-32x64x56x56-f32", "lrn", (32, 64, 56, 56), "float32", "NCX"),
@@ -171,6 +188,8 @@ SUITES = {
                and w.mode != BACKWARD],
     # the backward passes (16-bit BN beside float32: the same GB/s is the aim)
     "backward": [w.name for w in WORKLOADS if w.mode == BACKWARD],
+    # diffusion blocks: GroupNorm with SiLU, per-sample modulation (AdaLN, AdaGroupNorm)
+    "diffusion": [w.name for w in WORKLOADS if w.operator.per_sample or w.operator.epilogue],
     "all": [w.name for w in WORKLOADS],
 }
 
@@ -259,73 +278,6 @@ def moved_bytes(workload, X, candidate="normkernels"):
 def gbps(workload, X, seconds):
     """{candidate: GB/s} from {candidate: seconds}, each by :func:`moved_bytes`."""
     return {k: moved_bytes(workload, X, k) / v / 1e9 for k, v in seconds.items()}
-
-
-def _roofline_kernels():
-    from numba import njit, prange
-
-    @njit(parallel=True, cache=True)
-    def parallel_copy(x, y):
-        n = x.size
-        chunks = 64
-        for k in prange(chunks):
-            lo = k * n // chunks
-            hi = (k + 1) * n // chunks
-            y[lo:hi] = x[lo:hi]
-
-    @njit(parallel=True, cache=True)
-    def parallel_add(x, z, y):  # one flat prange: an inner loop from k * n // chunks
-        for i in prange(x.size):  # would not vectorise (4x slower)
-            y[i] = x[i] + z[i]
-
-    @njit(parallel=True, cache=True)
-    def parallel_axpb(x, y, a, b):
-        for i in prange(x.size):
-            y[i] = x[i] * a + b
-
-    @njit(parallel=True, cache=True, fastmath={"reassoc"})
-    def parallel_read(x):
-        total = 0.0
-        for i in prange(x.size):
-            total += x[i]
-        return total
-
-    return parallel_copy, parallel_axpb, parallel_read, parallel_add
-
-
-def baseline_calls(X, out, other=None):
-    """Roofline baselines over X's storage: copy (parallel; one thread below
-    ``SERIAL_COPY_BYTES``), parallel a*x+b (on the bits for 16-bit dtypes, with
-    ordinary stores), a parallel read-only sum, and with ``other`` (an array of X's
-    shape and dtype: a backward pass's dY) ``add``: out = X + other (parallel; one
-    thread below ``SERIAL_COPY_BYTES`` of X; on the bits for 16-bit dtypes)."""
-    from normkernels.dtypes import storage_view
-
-    parallel_copy, parallel_axpb, parallel_read, parallel_add = _roofline_kernels()
-    x = storage_view(X.reshape(-1))
-    y = storage_view(out.reshape(-1))
-    z = None if other is None else storage_view(np.ascontiguousarray(other).reshape(-1))
-    if X.dtype.itemsize == 2:  # a*x+b on the bits: same bytes and loop shape
-        x, y = x.view(np.uint16), y.view(np.uint16)
-        z = None if z is None else z.view(np.uint16)
-        a, b = np.uint16(3), np.uint16(1)
-    else:
-        a, b = X.dtype.type(1.5), X.dtype.type(0.25)
-    copy = lambda: parallel_copy(x, y)  # noqa: E731
-    add = lambda: parallel_add(x, z, y)  # noqa: E731
-    if x.nbytes < SERIAL_COPY_BYTES:  # a parallel launch would cost more than the copy
-        copy = lambda: np.copyto(y, x)  # noqa: E731
-        add = lambda: np.add(x, z, out=y)  # noqa: E731
-    calls = {"copy": copy, "axpb": lambda: parallel_axpb(x, y, a, b),
-             "read": lambda: parallel_read(x)}
-    if z is not None:
-        calls["add"] = add
-    return calls
-
-
-# Below this many bytes the copy baseline is NumPy's one-thread copy: a parallel
-# launch (25-150 us to wake sleeping workers on a 2-core VM) is no bandwidth limit.
-SERIAL_COPY_BYTES = 1 << 20
 
 
 def comparison_calls(workload, X, params, peers, threads,
