@@ -154,12 +154,16 @@ _ROWS_BACKWARD_WARMUP = (WarmupCase("backward: rows", (64, 100), mode="backward"
 # kernels with per-(n, c) float64 parameters (32 groups of 2 channels), as instancenorm's
 _ADA_ROWS_WARMUP = (WarmupCase("rows per sample", (2, 64, 100)),
                     WarmupCase("split rows per sample", (1, 1, 70001),
-                               paths=("parallel", "streaming")))
+                               paths=("parallel", "streaming")),
+                    WarmupCase("backward: rows per sample", (2, 64, 100), mode="backward",
+                               paths=("serial", "parallel")))
 _ADA_GROUP_WARMUP = (WarmupCase("fused planes", (1, 64, 1024), per_thread=True),
                      WarmupCase("fused short planes", (2, 64, 5, 5), paths=("serial",
                                                                             "parallel")),
                      WarmupCase("split planes", (2, 64, 64), paths=("parallel",)),
-                     WarmupCase("rows", (2, 64, 4, 4), "NXC", paths=("serial", "parallel")))
+                     WarmupCase("rows", (2, 64, 4, 4), "NXC", paths=("serial", "parallel")),
+                     WarmupCase("backward: planes", (2, 64, 256), "NCX", "backward"),
+                     WarmupCase("backward: rows", (2, 64, 4, 4), "NXC", "backward"))
 
 OPERATORS = {op.name: op for op in [
     Operator("batchnorm", "ONNX BatchNormalization", "batch_normalization",
@@ -307,13 +311,17 @@ OPERATORS = {op.name: op for op in [
     # chunked along N with X, and Chunked's "whole" hands any other array whole to a block
     Operator("ada-layernorm", "Adaptive LayerNorm (DiT, FLUX, SD3)", "ada_layer_norm",
              "modulated", n_params=2, family="layer", per_sample=True, torch="layer_norm",
-             mode_kwargs=_ROWS_EPSILON, signature={"inference": ("X", "B", "scale")},
+             mode_kwargs=_ROWS_WITH_BACKWARD, backward="ada_layer_norm_backward",
+             backward_spec="modulated",
+             signature={"inference": ("X", "B", "scale"), "backward": ("dY", "X", "B", "scale")},
              warmup=_ADA_ROWS_WARMUP),
     Operator("ada-groupnorm", "diffusers AdaGroupNorm", "ada_group_norm", "modulated",
              n_params=2, family="group", per_sample=True, groups=("num_groups", GROUPS),
              torch="group_norm",
-             mode_kwargs={"inference": {"epsilon": EPSILON}},
-             signature={"inference": ("X", "B", "scale")}, warmup=_ADA_GROUP_WARMUP),
+             mode_kwargs={"inference": {"epsilon": EPSILON}, "backward": {"epsilon": EPSILON}},
+             backward="ada_group_norm_backward", backward_spec="modulated",
+             signature={"inference": ("X", "B", "scale"), "backward": ("dY", "X", "B", "scale")},
+             warmup=_ADA_GROUP_WARMUP),
     Operator("mvn", "ONNX MeanVarianceNormalization", "mean_variance_normalization",
              "mean_variance_normalization", n_params=0, family="mvn",
              onnx=Onnx("MeanVarianceNormalization", (9, 13), ("X",), None),

@@ -170,6 +170,12 @@ WORKLOADS = [
              mode=BACKWARD),
     Workload("backward-rmsnorm-8192x4096-f32", "rmsnorm", (8192, 4096), "float32",
              mode=BACKWARD),
+    Workload("backward-ada-layernorm-dit-8x1024x1152-f32", "ada-layernorm", DIT, "float32",
+             mode=BACKWARD),
+    Workload("backward-ada-groupnorm-512x64x64-f32-ncx", "ada-groupnorm", (1, 512, 64, 64),
+             "float32", mode=BACKWARD),
+    Workload("backward-ada-groupnorm-512x64x64-f32-nxc", "ada-groupnorm", (1, 512, 64, 64),
+             "float32", "NXC", BACKWARD),
 ]
 WORKLOADS_BY_NAME = {w.name: w for w in WORKLOADS}
 
