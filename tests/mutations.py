@@ -698,6 +698,19 @@ MUTATIONS = [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',
                   'raise ValueError(f"{op}: parameter must have shape ({C},) to match')],
              ["tests/test_hostile.py"]),
+    # the operator table's per-sample modulation (records ada-layernorm, ada-groupnorm)
+    mutation("per-sample-gain-on-dy/operator-formulas", "the float64 formula of a per-sample "
+             "backward adds the modulation's 1 to dY, not to the scale", [
+                 ("normkernels/operator_record.py", "k = int(mode == BACKWARD)", "k = 0")],
+             ["tests/test_table.py", "-k", "every_path and ada and backward"]),
+    mutation("ada-shift-scale-swapped/operator-table", "ada-layernorm's record passes the "
+             "table's scale as shift and its shift as scale", [
+                 ("normkernels/operators.py", 'signature={"inference": ("X", "B", "scale"), '
+                  '"backward": ("dY", "X", "B", "scale")},\n             '
+                  'warmup=_ADA_ROWS_WARMUP),', 'signature={"inference": ("X", "scale", "B"), '
+                  '"backward": ("dY", "X", "scale", "B")},\n             '
+                  'warmup=_ADA_ROWS_WARMUP),')],
+             ["tests/test_table.py", "-k", "every_path and ada-layernorm"]),
 ]
 
 
