@@ -249,7 +249,7 @@ def test_activation_error_bound(rng, kind, dtype):
     assert np.all(err[finite] <= tol[finite]), float(np.max(err[finite] / tol[finite]))
 
 
-@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh", "gelu"])
 @pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
 def test_vector_and_scalar_activations_agree(rng, kind, dtype):
     """The vector bodies and the scalar loop (a plane shorter than a vector) give the
@@ -352,7 +352,7 @@ def _ops(X, p, last, kind):
     }
 
 
-@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh", "gelu"])
 @pytest.mark.parametrize("dtype", [F32, F64], ids=["float32", "float64"])
 @pytest.mark.parametrize("last", [1, 0], ids=["nxc", "ncx"])
 def test_activation_keyword_applies_the_epilogue_to_y(rng, last, dtype, kind):
@@ -372,7 +372,7 @@ def test_activation_keyword_applies_the_epilogue_to_y(rng, last, dtype, kind):
             assert_identical(fused[name], np.where(Y < 0, dtype.type(0), Y))
 
 
-@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("kind", ["relu", "silu", "gelu_tanh", "gelu"])
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
 @pytest.mark.parametrize("last", [1, 0], ids=["nxc", "ncx"])
 def test_group_normalization_activation_matches_oracle(rng, last, dtype, kind):
@@ -406,7 +406,7 @@ def test_a_plan_never_serves_another_activation(rng):
 def test_activation_keyword_errors(rng):
     X = data(rng, (1, 4, 2, 2), F32, 0)
     s = np.ones(4, F32)
-    for bad in ("gelu", "SiLU", 1, True):
+    for bad in ("gelu_erf", "SiLU", 1, True):
         with pytest.raises(ValueError, match="activation must be None or one of"):
             nk.group_normalization(X, s, s, num_groups=2, activation=bad)
         with pytest.raises(ValueError, match="activation must be None or one of"):

@@ -206,7 +206,7 @@ def check_int_attribute(op, name, value, choices=None):
     return number
 
 
-EPILOGUES = ("relu", "silu", "gelu_tanh")  # normkernels.kernels.activations.KINDS[1:]
+EPILOGUES = ("relu", "silu", "gelu_tanh", "gelu")  # normkernels.kernels.activations.KINDS[1:]
 
 
 def check_activation(op, activation):
