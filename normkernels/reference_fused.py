@@ -5,20 +5,29 @@ not the kernels' polynomial: an independent evaluation) and SkipGroupNorm's skip
 and the gated residual of ``ada_layer_norm`` (:func:`gated_sums_rows`).
 """
 
+import math
+
 import numpy as np
 
 from normkernels.dtypes import row_compute_dtype
 
+_erfc = np.vectorize(math.erfc, otypes=[np.float64])
+
 
 def activation(act, y):
     """The activation epilogue ``act`` (a name or marker, or None) of ``y`` in its
-    dtype, with NumPy's ``exp`` (the twin is an independent evaluation)."""
+    dtype, with NumPy's ``exp`` and ``math.erfc`` (the twin is an independent
+    evaluation)."""
     kind = getattr(act, "kind", act) or "none"
     if kind == "none":
         return y
     with np.errstate(all="ignore"):
         if kind == "relu":
             return np.where(y < 0, y.dtype.type(0), y)
+        if kind == "gelu":  # y erfc(-y / sqrt 2) / 2 in float64 (no cancellation below 0;
+            # float64 y's tail carries x's rounding, ~y^2 units), rounded to y's dtype
+            y64 = y.astype(np.float64)
+            return (y64 * (_erfc(y64 * -np.sqrt(0.5)) / 2)).astype(y.dtype)
         z = y if kind == "silu" else 2 * np.sqrt(2 / np.pi, dtype=y.dtype) * (
             y + y.dtype.type(0.044715) * (y * y * y))
         e = np.exp(-np.abs(z))

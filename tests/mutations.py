@@ -711,6 +711,21 @@ MUTATIONS = [
                   '"backward": ("dY", "X", "scale", "B")},\n             '
                   'warmup=_ADA_ROWS_WARMUP),')],
              ["tests/test_table.py", "-k", "every_path and ada-layernorm"]),
+    # exact GELU (normkernels/kernels/erf.py)
+    mutation("gelu-rounded-square/erf", "erfc's exp(-x^2) of a rounded x^2 (t * t, not the "
+             "split th * th + tl (t + th)): an error growing as x^2", [
+                 ("normkernels/kernels/erf.py", "    a = builder.fmul(builder.fmul(th, th), "
+                  "k_(-0.5))  # exact\n    m = builder.fmul(builder.fmul(tl, builder.fadd(t, "
+                  "th)), k_(0.5))\n", "    a = builder.fmul(builder.fmul(t, t), k_(-0.5))\n"
+                  "    m = zero\n")], ["tests/test_gelu.py"]),
+    mutation("gelu-coefficient/erf", "fdlibm's pa1 (erf on [0.84375, 1.25]) with its tenth "
+             "digit wrong (2.4e-10 relative)", [
+                 ("normkernels/kernels/erf.py", "4.14856118683748331666e-01",
+                  "4.14856118583748331666e-01")], ["tests/test_gelu.py"]),
+    mutation("gelu-nan-clamped/erf", "NaN and -inf clamped like a large |y| (gelu(NaN) "
+             "and gelu(-inf) come out -0.0)", [
+                 ("normkernels/kernels/erf.py", "    return builder.select(inside, result, "
+                  "builder.fmul(y, step))\n", "    return result\n")], ["tests/test_gelu.py"]),
 ]
 
 
