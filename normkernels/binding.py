@@ -57,7 +57,8 @@ class _Recorder(Engine):
         return np.zeros(n_groups), np.ones(n_groups)
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None):
+                       sums=None, path=None, act=None, res=None):
+        _no_epilogue(act, res)
         if sums is not None:
             raise _NotBindable("sums")
         self._record("rows", (x, y, scale, B, epsilon, centered, skip, bias))

@@ -49,7 +49,7 @@ def layer_norm_row(x, scale, bias, epsilon, out):
     mean, var = np.empty(1), np.empty(1)
     K = x.size
     rows.rows_serial(x, K, out, K, K, scale, bias, epsilon, mean, var, None, scale[:0],
-                     np.empty(0, x.dtype))
+                     np.empty(0, x.dtype), 0, None, NONE)
     return mean[0], 1.0 / np.sqrt(var[0] + epsilon)
 
 
@@ -61,7 +61,7 @@ def rms_norm_row(x, scale, epsilon, out):
     mean, var = np.empty(1), np.empty(1)
     K = x.size
     rows.rms_rows_serial(x, K, out, K, K, scale, scale[:0], epsilon, mean, var, None,
-                         scale[:0], np.empty(0, x.dtype))
+                         scale[:0], np.empty(0, x.dtype), 0, None, NONE)
     return 1.0 / np.sqrt(var[0] + epsilon)
 
 

@@ -24,11 +24,13 @@ What is bit-identical to the kernels:
 
 The float64 rules of the Lp and LRN kernels (Lp's fold, the one rounding of a float64
 result, the C library's pow) are in :mod:`normkernels.reference_lp`.
+The row normalizations' rules (the skip add, the fold of a row's statistics, the
+normalize pass and its epilogue) are in :mod:`normkernels.reference_rows`.
 """
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype, row_compute_dtype
+from normkernels.dtypes import FLOAT64, compute_dtype
 from normkernels.engine import Engine
 from normkernels.ops import backward as _bwd
 from normkernels.ops import batch_norm_inference as _bni
@@ -46,6 +48,11 @@ from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
 from normkernels.reference_fused import activation, gated_sums_rows, skip_sums_rows
 from normkernels.reference_lp import c_pow, lp_fold, round_once
+from normkernels.reference_rows import (  # noqa: F401  (fold_rows: documented here)
+    fold_rows,
+    normalize_rows_from,
+    skip_sums,
+)
 
 
 class NumPyEngine(Engine):
@@ -115,7 +122,7 @@ class NumPyEngine(Engine):
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None):
+                       sums=None, path=None, act=None, res=None):
         M = x.shape[0]
         if skip is not None:
             x = skip_sums(x, skip, bias)
@@ -129,12 +136,13 @@ class NumPyEngine(Engine):
             else:
                 mean = np.zeros(M)
                 var = (wide * wide).mean(axis=1)
-        normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var)
+        normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act, res)
         return mean, var
 
-    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
+    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None,
+                             act=None, res=None):
         normalize_rows_from(x, y, scale, B, epsilon, centered, np.asarray(mean, np.float64),
-                            np.asarray(var, np.float64))
+                            np.asarray(var, np.float64), act, res)
 
 
     def lp_normalize(self, x, y, outer, K, inner, p, path=None):
@@ -242,28 +250,6 @@ def normalize_rows(x, y, N, C, scale, B, epsilon, mean, m2, engine=ENGINE, group
         y.reshape(N, R, C)[...] = activation(act, result).astype(y.dtype)
 
 
-def skip_sums(x, skip, bias):
-    """onnxruntime's skip add: ``(x + skip) + bias`` per row (skip rows repeating over
-    x's rows) in the row compute dtype, rounded once to x's dtype."""
-    cd = row_compute_dtype(x.dtype)
-    with np.errstate(all="ignore"):
-        total = (x.astype(cd).reshape(-1, *skip.shape) + skip.astype(cd)).reshape(x.shape)
-        if bias is not None:
-            total = total + bias.astype(cd)
-        return total.astype(x.dtype)
-
-
-def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var):
-    """Y of a row normalization from the per-row float64 ``mean`` and ``var`` (the
-    mean square when not centred): the kernels' arithmetic, bit for bit."""
-    m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
-    cd = m.dtype
-    b = np.full(x.shape[1], -0.0, cd) if B is None else B.astype(cd)
-    with np.errstate(all="ignore"):
-        normalized = (x.astype(cd) - m[:, None]) * a[:, None] + c[:, None]
-        y[...] = (normalized * scale.astype(cd) + b).astype(y.dtype)
-
-
 def _instance_parameters(x, scale, B, epsilon, mean, m2, count, engine, group=1):
     """Per-plane parameters: each plane takes its group's statistics (over ``group *
     count`` elements) and its channel's scale and B."""
@@ -293,28 +279,6 @@ def fold_parameters(scale, B, mean, var, epsilon, dtype):
         residual = np.where(np.isfinite(m), mean - m.astype(FLOAT64), 0.0)
         b = (B.astype(FLOAT64) - residual * a64).astype(cd)
     return m, a, b
-
-
-def fold_rows(mean, var, epsilon, centered, dtype):
-    """Per-row ``(m, a, c)`` in the row compute dtype of ``dtype`` (float32 for 16-bit
-    X, else float64: :func:`normkernels.dtypes.row_compute_dtype`) such that
-    ``(x - m) * a + c`` is ``(x - mean) / sqrt(var + epsilon)``: the rule the row
-    kernels follow (:func:`normkernels.kernels.rows.fold_row`). ``a`` is computed in
-    float64 and rounded once; ``m`` is the mean rounded to the compute dtype and ``c``
-    the residual ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite),
-    or ``-0.0``, which adds nothing, not even to a negative zero. Not ``centered``
-    (RMS): ``m = 0`` and ``c = -0.0``: ``x * a`` exactly."""
-    cd = row_compute_dtype(dtype)
-    with np.errstate(all="ignore"):
-        inv = 1.0 / np.sqrt(var + epsilon)
-        a = inv.astype(cd)
-        if not centered:
-            return np.zeros(mean.size, cd), a, np.full(mean.size, -0.0, cd)
-        m = mean.astype(cd)
-        if cd == FLOAT64:
-            return m, a, np.full(mean.size, -0.0, cd)
-        c = np.where(np.isfinite(m), -((mean - m.astype(FLOAT64)) * inv), -0.0)
-        return m, a, c.astype(cd)
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, **attributes):

@@ -41,6 +41,8 @@ INSTANCE = ["tests/test_instance_normalization.py", "tests/test_paths.py",
             "tests/test_rounding.py", "-k", "instance"]
 MOMENTS = ["tests/test_training.py", "tests/test_paths.py", "-k", "moments"]
 ROWS = ["tests/test_paths.py", "-k", "layer or rms or skip or rows"]
+EPI_ROWS = ["tests/test_layer_norm_epilogue.py", "-k",
+            "float32 and (matches_oracle or large_offsets)"]
 GROUP = ["tests/test_groups.py", "tests/test_paths.py", "-k", "group"]
 MVN = ["tests/test_groups.py", "tests/test_paths.py", "-k", "mvn or mean_variance"]
 LP = ["tests/test_lp_lrn.py", "tests/test_paths.py", "-k", "lp"]
@@ -82,6 +84,7 @@ BN_SPEC = "normkernels/ops/batch_normalization.py"
 CACHE = "normkernels/kernels/cache.py"
 ROWS_K = "normkernels/kernels/rows.py"
 ROWS_SPEC = "normkernels/ops/rows.py"
+ROW_VECTORS = "normkernels/kernels/row_vectors.py"
 LN_SPEC = "normkernels/ops/layer_normalization.py"
 GN_SPEC = "normkernels/ops/group_normalization.py"
 MVN_SPEC = "normkernels/ops/mean_variance_normalization.py"
@@ -443,7 +446,8 @@ MUTATIONS = [
              ["tests/test_rows.py"]),
     mutation("columns-at-row-offset/rows", "the row vector reads the column tables at the "
              "element's offset in X instead of its column", [
-                 (VECTORS, "sig.args[k], args[k], j),", "sig.args[k], args[k], xi),")], ROWS),
+                 (ROW_VECTORS, "sig.args[k], args[k], j),", "sig.args[k], args[k], xi),")],
+             ROWS),
     mutation("skip-not-repeated/rows", "a skip of (seq, hidden) is not repeated over the "
              "batch", [(ROWS_K, "(r % n_skip) * K, bias", "min(r, n_skip - 1) * K, bias")],
              ["tests/test_rows.py", "-k", "skip"]),
@@ -726,6 +730,20 @@ MUTATIONS = [
              "and gelu(-inf) come out -0.0)", [
                  ("normkernels/kernels/erf.py", "    return builder.select(inside, result, "
                   "builder.fmul(y, step))\n", "    return result\n")], ["tests/test_gelu.py"]),
+    # activation= and add= on the row normalizations
+    mutation("vector-residual-dropped/rows-epilogue", "the row vectors leave out add= (the "
+             "scalar heads and tails add it)", [
+                 (ROW_VECTORS, "            yv = builder.fadd(yv, load(_RES, ri))\n",
+                  "            pass\n")],
+             EPI_ROWS),
+    mutation("scalar-activation-dropped/rows-epilogue", "the row kernels' scalar heads and "
+             "tails skip the activation", [
+                 (ROWS_K, "store(y, yo + i, _activated(y, act, with_residual(res, ro + i, v)))",
+                  "store(y, yo + i, with_residual(res, ro + i, v))")], EPI_ROWS),
+    mutation("residual-row-stride/rows-epilogue", "the fused rows read the residual at Y's "
+             "row stride, not its own", [
+                 (ROWS_K, "                      r * rr, res, act)",
+                  "                      r * yr, res, act)")], EPI_ROWS),
 ]
 
 

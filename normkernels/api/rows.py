@@ -10,7 +10,7 @@ from normkernels.ops import skip_layer_normalization as _skip
 
 
 def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1,
-                        num_outputs=1, opset=17, out=None):
+                        num_outputs=1, opset=17, activation=None, add=None, out=None):
     """ONNX LayerNormalization-17.
 
     Per row (the axes ``axis, ..., X.ndim - 1``): ``Y = (X - mean) / sqrt(var +
@@ -32,6 +32,16 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
         normkernels extension).
     num_outputs : int
         1: Y; 2: (Y, Mean); 3: (Y, Mean, InvStdDev).
+    activation : str, optional
+        An epilogue applied to Y in the same pass (a package extension, not an ONNX
+        attribute): None (default), "relu", "silu" or "gelu_tanh" (PyTorch's
+        definitions; the error bound in the README's "Group normalizations" notes),
+        evaluated in float32 (float64 for float64 X) before Y's one rounding to a
+        16-bit dtype. Mean and InvStdDev are those of X, unchanged.
+    add : ndarray, optional
+        A residual of X's shape and dtype (any strides) added to the affine result
+        before the activation, in the same pass (a package extension): ``Y =
+        act(normalized * Scale + B + add)``. May be ``out``.
     out : ndarray, optional
         Where to write Y (X's shape and dtype); may be X itself.
 
@@ -50,10 +60,11 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
     """
     return _ln.layer_normalization(X, Scale, B, axis=axis, epsilon=epsilon,
                                    stash_type=stash_type, num_outputs=num_outputs, opset=opset,
-                                   out=out, engine=ENGINE)
+                                   activation=activation, add=add, out=out, engine=ENGINE)
 
 
-def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23, out=None):
+def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23,
+                      activation=None, add=None, out=None):
     """ONNX RMSNormalization-23.
 
     Per row (the axes ``axis, ...``): ``Y = X / sqrt(mean(X**2) + epsilon) * scale``.
@@ -67,6 +78,12 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23
     stash_type : int
         1, 10, 11 or 16 (the body's legal values): checked, with no effect on the
         result: the mean square is always accumulated in float64.
+    activation : str, optional
+        None, "relu", "silu" or "gelu_tanh": an epilogue in the same pass, as in
+        :func:`layer_normalization` (a package extension).
+    add : ndarray, optional
+        A residual of X's shape and dtype added before the activation: ``Y =
+        act(normalized * scale + add)`` (a package extension).
     out : ndarray, optional
         Where to write Y (X's shape, scale's dtype).
 
@@ -76,7 +93,8 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23
     rejects) ``normalized * scale`` is computed in the wider dtype and rounded once.
     """
     return _rms.rms_normalization(X, scale, axis=axis, epsilon=epsilon, stash_type=stash_type,
-                                  opset=opset, out=out, engine=ENGINE)
+                                  opset=opset, activation=activation, add=add, out=out,
+                                  engine=ENGINE)
 
 
 def simplified_layer_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1,

@@ -76,7 +76,7 @@ class BoundCalls:
         if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
             return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,
-                                  none)
+                                  none, 0, None, NONE)
         skip_p = none if skip_s is None else skip_s  # the parallel kernels: empty, not None
 
         def parallel_call():  # the path decided per call, as normalize_rows decides it
@@ -87,7 +87,7 @@ class BoundCalls:
             kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
             with launch_guard(path):
                 kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
-                       mean, var, skip_p, bias_t, none)
+                       mean, var, skip_p, bias_t, none, 0, None, NONE)
 
         return parallel_call
 
@@ -110,7 +110,7 @@ class BoundCalls:
 
         def run(xs, ys, scale, B, epsilon):
             kernel(xs, K, ys, K, K, scale, B, epsilon, np.empty(M), np.empty(M), None,
-                   scale[:0], none)
+                   scale[:0], none, 0, None, NONE)
 
         return run
 

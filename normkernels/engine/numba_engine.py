@@ -21,11 +21,13 @@ from normkernels.dtypes import (
 from normkernels.engine import Engine, policy
 from normkernels.engine.numba_bind import BoundCalls
 from normkernels.engine.numba_launch import (
+    add_skip,
     column,
     flat_rows,
     kernel_for,
     nothing,
     plane_moments,
+    row_epilogue,
     row_moments,
     sample_moments,
     scale_shift_loops,
@@ -214,9 +216,10 @@ class NumbaEngine(BoundCalls, Engine):
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None):
+                       sums=None, path=None, act=NONE, res=None):
         M, K = x.shape
         (xs, xr), (ys, yr) = flat_rows(x), flat_rows(y)
+        epilogue = row_epilogue(act, res)
         s = column(scale)
         b = s[:0] if B is None else column(B)  # empty: none
         mean, var = np.empty(M), np.empty(M)
@@ -226,7 +229,7 @@ class NumbaEngine(BoundCalls, Engine):
             took("rows", "split", path)
             if skip is not None:  # few rows: the sums in NumPy, then as without skip
                 target = sums if sums is not None else np.empty(x.shape, x.dtype)
-                _add_skip(x, skip, bias, target)
+                add_skip(x, skip, bias, target)
                 xs, xr = flat_rows(target)
             chunks = -(-K // reductions.PLANE_CHUNK)
             part_mean, part_m2 = np.empty((M, chunks)), np.empty((M, chunks))
@@ -238,7 +241,8 @@ class NumbaEngine(BoundCalls, Engine):
             split.merge_partials(part_mean, part_m2, K, centered, mean, var)
             kernel = split.normalize_streaming if path == "streaming" else split.normalize_parallel
             with launch_guard(path):
-                kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, epsilon, centered, mean, var)
+                kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, epsilon, centered, mean, var,
+                       *epilogue)
             return mean, var
         # "none" is an empty array of its own: a slice of X would be read-only when X is,
         # and the kernel (typed for writing into sums) would not compile
@@ -252,16 +256,20 @@ class NumbaEngine(BoundCalls, Engine):
         took("rows", "fused", path)
         if path == "serial":
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
-            kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t, sums_s)
+            kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t, sums_s,
+                   *epilogue)
         else:  # the parallel ones an empty array: one compile for both
             kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
             with launch_guard(path):
                 kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
-                       mean, var, none if skip_s is None else skip_s, bias_t, sums_s)
+                       mean, var, none if skip_s is None else skip_s, bias_t, sums_s,
+                       *epilogue)
         return mean, var
 
-    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
+    def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None,
+                             act=NONE, res=None):
         K = x.shape[1]
+        epilogue = row_epilogue(act, res)
         (xs, xr), (ys, yr) = flat_rows(x), flat_rows(y)
         s = column(scale)
         b = s[:0] if B is None else column(B)
@@ -275,7 +283,7 @@ class NumbaEngine(BoundCalls, Engine):
             kernel = split.normalize_streaming if path == "streaming" else split.normalize_parallel
         with launch_guard(path):
             kernel(xs, xr, ys, yr, K, policy.SPLIT_RUN, s, b, float(epsilon), centered, mean,
-                   var)
+                   var, *epilogue)
 
 
     def lp_normalize(self, x, y, outer, K, inner, p, path=None):
@@ -411,15 +419,3 @@ class NumbaEngine(BoundCalls, Engine):
 
 
 ENGINE = NumbaEngine()
-
-
-def _add_skip(x, skip, bias, target):
-    """``target = x + skip + bias`` per row (skip rows repeating), rounded once to
-    x's dtype: the arithmetic of the fused kernel's skip add."""
-    cd = row_compute_dtype(x.dtype)
-    reps = x.shape[0] // skip.shape[0]
-    with np.errstate(all="ignore"):
-        total = (x.astype(cd).reshape(reps, skip.shape[0], -1) + skip.astype(cd)).reshape(x.shape)
-        if bias is not None:
-            total += bias.astype(cd)
-        target[...] = total.astype(x.dtype)

@@ -10,14 +10,14 @@ kernels have one-thread twins (same source, same bits) that run on the serial pa
 
 import numpy as np
 
-from normkernels.dtypes import storage_view
+from normkernels.dtypes import row_compute_dtype, storage_view
 from normkernels.engine import policy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import inference, instance
 from normkernels.kernels import scale_shift as loops
 from normkernels.kernels import statistics as reductions
-from normkernels.kernels.activations import NONE
+from normkernels.kernels.activations import NONE, marker
 from normkernels.kernels.options import MIN_PLANE
 
 
@@ -139,3 +139,22 @@ def flat_rows(a, view=storage_view):
     n = (a.shape[0] - 1) * stride + a.shape[1] if a.size else 0
     flat = np.lib.stride_tricks.as_strided(a, shape=(n,), strides=(a.itemsize,))
     return view(flat), stride
+
+
+def row_epilogue(act, res):
+    """The row kernels' last arguments ``rr, res, act``: ``res`` (None, or ``M x K`` rows
+    each contiguous, as x's) flat, and its row stride; the activation's marker."""
+    rs, rr = (None, 0) if res is None else flat_rows(res)
+    return rr, rs, marker(act)
+
+
+def add_skip(x, skip, bias, target):
+    """``target = x + skip + bias`` per row (skip rows repeating), rounded once to
+    x's dtype: the arithmetic of the fused kernel's skip add."""
+    cd = row_compute_dtype(x.dtype)
+    reps = x.shape[0] // skip.shape[0]
+    with np.errstate(all="ignore"):
+        total = (x.astype(cd).reshape(reps, skip.shape[0], -1) + skip.astype(cd)).reshape(x.shape)
+        if bias is not None:
+            total += bias.astype(cd)
+        target[...] = total.astype(x.dtype)

@@ -8,7 +8,11 @@ statistics, fold them into compute-dtype scalars ``m, a, c`` and write
 
     ``y = ((x - m) * a + c) * s[k] + b[k]``
 
-with column tables ``s`` (scale) and ``b`` (bias) in the compute dtype. Centred
+with column tables ``s`` (scale) and ``b`` (bias) in the compute dtype, then the
+epilogue: ``y = act(y + res)`` with a residual ``res`` (None: none) and an activation
+``act`` (``activations.NONE``: none), the last three arguments of every kernel being
+``rr, res, act`` (row ``r`` of ``res`` at ``r * rr``); the arithmetic is in
+:mod:`normkernels.kernels.row_vectors`. Centred
 (layer normalization): ``m`` is the row mean rounded to the compute dtype, ``a`` is
 ``1 / sqrt(var + epsilon)`` rounded once, ``c = -(mean - m) * a`` the mean's residual
 (float32 compute: rounding the mean alone would cost half an ulp of ``|mean|`` in every
@@ -41,6 +45,7 @@ from numba import njit, prange, types
 from numba.core.extending import overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.activations import activate, with_residual
 from normkernels.kernels.elements import item_bytes, load, row_compute_empty, row_load, store
 from normkernels.kernels.lanes import shifted_sums
 from normkernels.kernels.options import (
@@ -49,6 +54,7 @@ from normkernels.kernels.options import (
     SHORT_ROW,
     VECTOR_BYTES,
 )
+from normkernels.kernels.row_vectors import stream_normalize_row, vector_normalize_row
 from normkernels.kernels.scale_shift import store_fence
 from normkernels.kernels.statistics import (
     NARROW_RUN,
@@ -58,7 +64,6 @@ from normkernels.kernels.statistics import (
     narrow_span,
     wide_span,
 )
-from normkernels.kernels.vectors import stream_normalize_row, vector_normalize_row
 
 _INLINE = INLINE_OPTIONS
 BLOCK_ELEMENTS = 1 << 15  # rows reduced, folded and normalized together (in L2)
@@ -196,34 +201,53 @@ def fold_row(mean, var, epsilon, centered, m, a, c, r):
 
 
 @njit(**_INLINE)
-def vector_row(x, xi, y, yi, m, a, c, s, b, j):
-    vector_normalize_row(x, xi, y, yi, m, a, c, s, b, j)
+def vector_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
+    vector_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)
 
 
 @njit(**_INLINE)
-def stream_row(x, xi, y, yi, m, a, c, s, b, j):
-    stream_normalize_row(x, xi, y, yi, m, a, c, s, b, j)
+def stream_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
+    stream_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)
+
+
+def _activated(y, act, value):
+    """``act`` of the row arithmetic's ``value`` for storage array ``y``: in float32 for
+    float32 storage (the value rounded first, as the vectors round it), else in
+    ``value``'s dtype; ``value`` itself without an activation; ``@njit`` only."""
+    raise NotImplementedError("_activated is only callable from @njit code")
+
+
+@overload(_activated, inline="always")
+def _activated_impl(y, act, value):
+    if act.kind == "none":
+        return lambda y, act, value: value
+    if y.dtype == types.float32:
+        return lambda y, act, value: activate(act, np.float32(value))
+    return lambda y, act, value: activate(act, value)
 
 
 @njit(**_INLINE)
-def _scalar_run(x, xo, y, yo, n, m, a, c, s, b, j):
+def _scalar_run(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
     for i in range(n):
-        store(y, yo + i, ((row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i])
+        v = ((row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i]
+        store(y, yo + i, _activated(y, act, with_residual(res, ro + i, v)))
 
 
 @njit(**_INLINE)
-def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector):
-    """``n`` elements of a row from ``x[xo]`` into ``y[yo]``, columns from ``j``: scalar
-    head to 64-byte alignment of ``y``, vectors, scalar tail."""
+def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector, ro, res, act):
+    """``n`` elements of a row from ``x[xo]`` into ``y[yo]``, columns from ``j``, the
+    residual (None: none) from ``res[ro]``, then the activation ``act``: scalar head to
+    64-byte alignment of ``y``, vectors, scalar tail (the same epilogue in each)."""
     size = item_bytes(y)  # a constant: y.itemsize is read at run time (a division per row)
     width = VECTOR_BYTES // size
     misalignment = (y.ctypes.data + yo * size) & (VECTOR_BYTES - 1)
     head = 0 if misalignment == 0 else min(n, (VECTOR_BYTES - misalignment) // size)
     body = head + (n - head) // width * width
-    _scalar_run(x, xo, y, yo, head, m, a, c, s, b, j)
+    _scalar_run(x, xo, y, yo, head, m, a, c, s, b, j, ro, res, act)
     for i in range(head, body, width):
-        vector(x, xo + i, y, yo + i, m, a, c, s, b, j + i)
-    _scalar_run(x, xo + body, y, yo + body, n - body, m, a, c, s, b, j + body)
+        vector(x, xo + i, y, yo + i, m, a, c, s, b, j + i, ro + i, res, act)
+    _scalar_run(x, xo + body, y, yo + body, n - body, m, a, c, s, b, j + body, ro + body, res,
+                act)
 
 
 @njit(**KERNEL_OPTIONS)
@@ -238,22 +262,23 @@ def _add_row(x, xo, skip, so, bias, dest, do, K):
 
 @njit(**_INLINE)
 def _block(src, base, stride, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a,
-           c, vector):
+           c, vector, rr, res, act):
     """Rows ``first..last-1`` (in cache together; row ``r`` is ``src[base + r *
-    stride:][:K]``): statistics of each row, the fold of them all, then normalize each
-    row. Three loops, not one: the division and square root of the fold then pipeline
-    across rows (a row of 4 elements: 15 ns against 83)."""
+    stride:][:K]``, its residual ``res[r * rr:][:K]``): statistics of each row, the fold
+    of them all, then normalize each row. Three loops, not one: the division and square
+    root of the fold then pipeline across rows (a row of 4 elements: 15 ns against 83)."""
     for r in range(first, last):
         mean[r], var[r] = row_statistics(src, base + r * stride, K, centered)
     for r in range(first, last):
         fold_row(mean[r], var[r], epsilon, centered, m, a, c, r)
     for r in range(first, last):
-        normalize_run(src, base + r * stride, y, r * yr, K, m[r], a[r], c[r], s, b, 0, vector)
+        normalize_run(src, base + r * stride, y, r * yr, K, m[r], a[r], c[r], s, b, 0, vector,
+                      r * rr, res, act)
 
 
 @njit(**_INLINE)
 def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
-          bias, sums, vector):
+          bias, sums, vector, rr, res, act):
     """Rows ``first..last-1``, fused, in blocks of about ``BLOCK_ELEMENTS``. With skip,
     each block's sums are written first (to ``sums``, or to scratch rows) and the
     block is normalized from them. ``skip`` None or empty means no skip: the serial
@@ -264,7 +289,7 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
     if skip is None or skip.size == 0:
         for lo in range(first, last, per_block):
             _block(x, 0, xr, y, yr, K, lo, min(last, lo + per_block), s, b, epsilon, centered,
-                   mean, var, m, a, c, vector)
+                   mean, var, m, a, c, vector, rr, res, act)
         return
     n_skip = skip.size // K
     dest = np.empty(min(per_block, last - first) * K, x.dtype) if sums.size == 0 else sums
@@ -274,7 +299,7 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
         for r in range(lo, hi):
             _add_row(x, r * xr, skip, (r % n_skip) * K, bias, dest, base + r * K, K)
         _block(dest, base, K, y, yr, K, lo, hi, s, b, epsilon, centered, mean, var, m, a, c,
-               vector)
+               vector, rr, res, act)
 
 
 @njit(**_INLINE)
@@ -307,11 +332,12 @@ def _prepare(x, K, scale, B, bias, M, skip):
 
 
 @njit(**_INLINE)
-def _serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, bias, sums):
+def _serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, bias, sums, rr, res,
+            act):
     M = mean.size
     s, b, bias_t, m, a, c = _tables(x, K, scale, B, bias, M, skip)
     _rows(x, xr, y, yr, K, 0, M, s, b, epsilon, centered, mean, var, m, a, c, skip, bias_t,
-          sums, vector_row)
+          sums, vector_row, rr, res, act)
 
 
 # One-thread kernels, one per statistic (``centered`` a constant, so each compiles
@@ -319,19 +345,23 @@ def _serial(x, xr, y, yr, K, scale, B, epsilon, centered, mean, var, skip, bias,
 
 
 @njit(**KERNEL_OPTIONS)
-def rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, sums):
+def rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, sums, rr, res, act):
     """Every row fused, on one thread: statistics into ``mean[r], var[r]`` (float64),
     Y into ``y``. ``scale``, ``B`` and ``bias`` are ``K`` values (any storage dtype;
     ``B`` and ``bias`` empty: none); ``skip`` (contiguous rows of ``K``; row ``r`` adds
     skip row ``r % rows``) None means no skip; ``sums`` (contiguous ``M x K``) empty
-    means the sums are not kept."""
-    _serial(x, xr, y, yr, K, scale, B, epsilon, True, mean, var, skip, bias, sums)
+    means the sums are not kept. The epilogue: ``res`` (X's dtype, row ``r`` at ``r *
+    rr``; None: none) added to the affine result, then the activation ``act``
+    (``activations.NONE``: none): ``y = act(affine + res)``."""
+    _serial(x, xr, y, yr, K, scale, B, epsilon, True, mean, var, skip, bias, sums, rr, res, act)
 
 
 @njit(**KERNEL_OPTIONS)
-def rms_rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, sums):
+def rms_rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, sums, rr, res,
+                    act):
     """:func:`rows_serial` with the mean square in ``var`` (uncentred: RMS)."""
-    _serial(x, xr, y, yr, K, scale, B, epsilon, False, mean, var, skip, bias, sums)
+    _serial(x, xr, y, yr, K, scale, B, epsilon, False, mean, var, skip, bias, sums, rr, res,
+            act)
 
 
 # The parallel kernels call the work of an item as a compiled function: inlined into
@@ -341,40 +371,41 @@ def rms_rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, s
 
 @njit(**KERNEL_OPTIONS)
 def rows_item(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
-              bias, sums):
+              bias, sums, rr, res, act):
     """Rows ``first..last-1`` of :func:`rows_parallel` (tables made by the caller)."""
     _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
-          bias, sums, vector_row)
+          bias, sums, vector_row, rr, res, act)
 
 
 @njit(**KERNEL_OPTIONS)
 def rows_item_streaming(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m,
-                        a, c, skip, bias, sums):
+                        a, c, skip, bias, sums, rr, res, act):
     """:func:`rows_item` with streaming stores (fenced)."""
     _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
-          bias, sums, stream_row)
+          bias, sums, stream_row, rr, res, act)
     store_fence()
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
 def rows_parallel(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, mean, var, skip,
-                  bias, sums):
+                  bias, sums, rr, res, act):
     """:func:`rows_serial`, items of ``rows_per_item`` rows in parallel."""
     M = mean.size
     s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
         rows_item(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b, epsilon,
-                  centered, mean, var, m, a, c, skip, bias_t, sums)
+                  centered, mean, var, m, a, c, skip, bias_t, sums, rr, res, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
 def rows_streaming(x, xr, y, yr, K, scale, B, epsilon, centered, rows_per_item, mean, var,
-                   skip, bias, sums):
+                   skip, bias, sums, rr, res, act):
     """:func:`rows_parallel` with streaming stores."""
     M = mean.size
     s, b, bias_t, m, a, c = _prepare(x, K, scale, B, bias, M, skip)
     for item in prange((M + rows_per_item - 1) // rows_per_item):
         first = item * rows_per_item
         rows_item_streaming(x, xr, y, yr, K, first, min(M, first + rows_per_item), s, b,
-                            epsilon, centered, mean, var, m, a, c, skip, bias_t, sums)
+                            epsilon, centered, mean, var, m, a, c, skip, bias_t, sums, rr, res,
+                            act)

@@ -75,35 +75,40 @@ def _fold_all(x, mean, var, epsilon, centered):
 
 
 @njit(**_INLINE)
-def _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, vector):
+def _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, vector, rr, res, act):
     """Item ``item`` of the (row, run) items: its run of the row, with column tables
     of that run only, widened here (few long rows: tables of the whole row cost two
-    more passes over memory the size of X, on one thread)."""
+    more passes over memory the size of X, on one thread), and its epilogue."""
     r = item // runs
     lo = (item % runs) * run
     n = min(K - lo, run)
     s = column_table(x, scale[lo:lo + n], n)
     b = column_table(x, B[lo:lo + n] if B.size > 0 else B, n)
-    normalize_run(x, r * xr + lo, y, r * yr + lo, n, m[r], a[r], c[r], s, b, 0, vector)
+    normalize_run(x, r * xr + lo, y, r * yr + lo, n, m[r], a[r], c[r], s, b, 0, vector,
+                  r * rr + lo, res, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def normalize_parallel(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var):
+def normalize_parallel(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var, rr, res,
+                       act):
     """Y from the rows' statistics (folded here) over (row, ``run`` columns) items in
-    parallel."""
+    parallel; the epilogue ``rr, res, act`` as :func:`normkernels.kernels.rows.rows_serial`'s."""
     m, a, c = _fold_all(x, mean, var, epsilon, centered)
     runs = (K + run - 1) // run
     for item in prange(m.size * runs):
-        _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, vector_row)
+        _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, vector_row, rr,
+                        res, act)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def normalize_streaming(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var):
+def normalize_streaming(x, xr, y, yr, K, run, scale, B, epsilon, centered, mean, var, rr, res,
+                        act):
     """:func:`normalize_parallel` with streaming stores."""
     m, a, c = _fold_all(x, mean, var, epsilon, centered)
     runs = (K + run - 1) // run
     for item in prange(m.size * runs):
-        _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, stream_row)
+        _normalize_item(x, xr, y, yr, K, run, scale, B, m, a, c, item, runs, stream_row, rr,
+                        res, act)
         store_fence()
 
 

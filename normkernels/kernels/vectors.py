@@ -139,17 +139,17 @@ def storage_codec(dtype):
     return None
 
 
-def _element_ptr(context, builder, arrty, arr, index):
+def element_ptr(context, builder, arrty, arr, index):
     data = context.make_array(arrty)(context, builder, arr).data
     return builder.gep(data, [index])
 
 
-def _load_vector(builder, ptr, lanes, elem, align):
+def load_vector(builder, ptr, lanes, elem, align):
     vty = ir.VectorType(elem, lanes)
     return builder.load(builder.bitcast(ptr, vty.as_pointer()), align=align)
 
 
-def _broadcast(builder, scalar, lanes):
+def broadcast(builder, scalar, lanes):
     vty = ir.VectorType(scalar.type, lanes)
     undef = ir.Constant(vty, ir.Undefined)
     first = builder.insert_element(undef, scalar, ir.Constant(_I32, 0))
@@ -171,23 +171,23 @@ def _parameters(context, builder, sig, args, mode, lanes, elem):
     if mode == "tables":
         phase = context.cast(builder, args[_PHASE], sig.args[_PHASE], types.intp)
         return [
-            _load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], phase),
+            load_vector(builder, element_ptr(context, builder, sig.args[k], args[k], phase),
                          lanes, elem, sig.args[k].dtype.bitwidth // 8)
             for k in _PARAMETERS
         ]
     if mode == "split":
         split = context.cast(builder, args[_SPLIT], sig.args[_SPLIT], types.int32)
         lane = ir.Constant(ir.VectorType(_I32, lanes), list(range(lanes)))
-        first = builder.icmp_signed("<", lane, _broadcast(builder, split, lanes))
-        return [builder.select(first, _broadcast(builder, args[k], lanes),
-                               _broadcast(builder, args[k + _SECOND], lanes))
+        first = builder.icmp_signed("<", lane, broadcast(builder, split, lanes))
+        return [builder.select(first, broadcast(builder, args[k], lanes),
+                               broadcast(builder, args[k + _SECOND], lanes))
                 for k in _PARAMETERS]
-    return [_broadcast(builder, args[k], lanes) for k in _PARAMETERS]
+    return [broadcast(builder, args[k], lanes) for k in _PARAMETERS]
 
 
-def _store(context, builder, yty, y, index, value, nontemporal):
+def store_vector(context, builder, yty, y, index, value, nontemporal):
     """Store 64 bytes of results at ``y[index]`` (64-byte aligned when streaming)."""
-    ptr = _element_ptr(context, builder, yty, y, index)
+    ptr = element_ptr(context, builder, yty, y, index)
     if not nontemporal:
         builder.store(value, builder.bitcast(ptr, value.type.as_pointer()),
                       align=yty.dtype.bitwidth // 8)
@@ -218,7 +218,7 @@ def _codegen(mode, nontemporal):
         xty, yty = sig.args[0], sig.args[1]
         index = context.cast(builder, args[2], sig.args[2], types.intp)
         lanes, elem, widen, narrow = storage_codec(yty.dtype)
-        xv = _load_vector(builder, _element_ptr(context, builder, xty, args[0], index),
+        xv = load_vector(builder, element_ptr(context, builder, xty, args[0], index),
                           lanes, elem, xty.dtype.bitwidth // 8)
         if widen is not None:
             xv = widen(builder, xv, lanes)
@@ -226,19 +226,19 @@ def _codegen(mode, nontemporal):
         yv = builder.fadd(builder.fmul(builder.fsub(xv, mean), a), b)
         resty = sig.args[-2]
         if isinstance(resty, types.Array):  # a residual added before the activation
-            rv = _load_vector(builder, _element_ptr(context, builder, resty, args[-2], index),
+            rv = load_vector(builder, element_ptr(context, builder, resty, args[-2], index),
                               lanes, elem, resty.dtype.bitwidth // 8)
             yv = builder.fadd(yv, rv if widen is None else widen(builder, rv, lanes))
         yv = activations.build(builder, sig.args[-1].kind, yv)
         if narrow is not None:
             yv = narrow(builder, yv, lanes)
-        _store(context, builder, yty, args[1], index, yv, nontemporal)
+        store_vector(context, builder, yty, args[1], index, yv, nontemporal)
         return context.get_dummy_value()
 
     return codegen
 
 
-def _arrays_ok(x, y, index):
+def arrays_ok(x, y, index):
     return (isinstance(x, types.Array) and isinstance(y, types.Array) and x.dtype == y.dtype
             and storage_codec(y.dtype) is not None and isinstance(index, types.Integer))
 
@@ -249,7 +249,7 @@ def _compute_type(y):
 
 def _scalars_intrinsic(nontemporal):
     def typer(typingctx, x, y, index, mean, a, b, res, act):
-        if not _arrays_ok(x, y, index) or any(t != _compute_type(y) for t in (mean, a, b)):
+        if not arrays_ok(x, y, index) or any(t != _compute_type(y) for t in (mean, a, b)):
             return None
         if not _epilogue_ok(y, res, act):
             return None
@@ -262,7 +262,7 @@ def _scalars_intrinsic(nontemporal):
 def _tables_intrinsic(nontemporal):
     def typer(typingctx, x, y, index, mean, a, b, phase, res, act):
         tables = (mean, a, b)
-        if not _arrays_ok(x, y, index) or not isinstance(phase, types.Integer):
+        if not arrays_ok(x, y, index) or not isinstance(phase, types.Integer):
             return None
         if not all(isinstance(t, types.Array) and t.dtype == _compute_type(y) for t in tables):
             return None
@@ -277,66 +277,12 @@ def _tables_intrinsic(nontemporal):
 def _split_intrinsic(nontemporal):
     def typer(typingctx, x, y, index, mean0, a0, b0, mean1, a1, b1, split, res, act):
         scalars = (mean0, a0, b0, mean1, a1, b1)
-        if not _arrays_ok(x, y, index) or not isinstance(split, types.Integer):
+        if not arrays_ok(x, y, index) or not isinstance(split, types.Integer):
             return None
         if any(t != _compute_type(y) for t in scalars) or not _epilogue_ok(y, res, act):
             return None
         return (types.void(x, y, index, *scalars, split, res, act),
                 _codegen("split", nontemporal))
-
-    return intrinsic(typer)
-
-
-def _row_compute_type(y):
-    """The row kernels' arithmetic: float32 for 16-bit storage, else float64 (float32
-    rows are normalized in float64 and rounded once)."""
-    return types.float32 if y.dtype.bitwidth == 16 else types.float64
-
-
-def _row_codegen(nontemporal):
-    """``y[yi] = ((x[xi] - m) * a + c) * s[j] + b[j]`` (one vector each): a run of a row
-    of a row normalization (scalars ``m, a, c`` of the row, tables ``s, b`` of its
-    columns), in :func:`_row_compute_type`."""
-
-    def codegen(context, builder, sig, args):
-        xty, yty = sig.args[0], sig.args[2]
-        xi, yi, j = (context.cast(builder, args[k], sig.args[k], types.intp) for k in (1, 3, 9))
-        lanes, elem, widen, narrow = storage_codec(yty.dtype)
-        xv = _load_vector(builder, _element_ptr(context, builder, xty, args[0], xi),
-                          lanes, elem, xty.dtype.bitwidth // 8)
-        if widen is not None:
-            xv = widen(builder, xv, lanes)
-        wide = yty.dtype == types.float32  # float32 storage, float64 arithmetic
-        if wide:
-            xv = builder.fpext(xv, ir.VectorType(_F64, lanes))
-        m, a, c = (_broadcast(builder, args[k], lanes) for k in (4, 5, 6))
-        s, b = (_load_vector(builder, _element_ptr(context, builder, sig.args[k], args[k], j),
-                             lanes, xv.type.element, sig.args[k].dtype.bitwidth // 8)
-                for k in (7, 8))
-        normalized = builder.fmul(builder.fsub(xv, m), a)
-        if xv.type.element != _F64:  # float64 arithmetic: c is -0.0, which adds nothing
-            normalized = builder.fadd(normalized, c)
-        yv = builder.fadd(builder.fmul(normalized, s), b)
-        if wide:
-            yv = builder.fptrunc(yv, ir.VectorType(_F32, lanes))
-        if narrow is not None:
-            yv = narrow(builder, yv, lanes)
-        _store(context, builder, yty, args[2], yi, yv, nontemporal)
-        return context.get_dummy_value()
-
-    return codegen
-
-
-def _row_intrinsic(nontemporal):
-    def typer(typingctx, x, xi, y, yi, m, a, c, s, b, j):
-        if not _arrays_ok(x, y, xi) or not all(isinstance(t, types.Integer) for t in (yi, j)):
-            return None
-        if any(t != _row_compute_type(y) for t in (m, a, c)):
-            return None
-        if not all(isinstance(t, types.Array) and t.dtype == _row_compute_type(y)
-                   for t in (s, b)):
-            return None
-        return types.void(x, xi, y, yi, m, a, c, s, b, j), _row_codegen(nontemporal)
 
     return intrinsic(typer)
 
@@ -351,24 +297,24 @@ def _grad_codegen(tables):
         dxty = sig.args[2]
         index = context.cast(builder, args[3], sig.args[3], types.intp)
         lanes, elem, widen, narrow = storage_codec(dxty.dtype)
-        xv, dv = (_load_vector(builder, _element_ptr(context, builder, sig.args[j], args[j],
+        xv, dv = (load_vector(builder, element_ptr(context, builder, sig.args[j], args[j],
                                                      index), lanes, elem,
                                sig.args[j].dtype.bitwidth // 8) for j in (0, 1))
         if widen is not None:
             xv, dv = widen(builder, xv, lanes), widen(builder, dv, lanes)
         if tables:
             phase = context.cast(builder, args[8], sig.args[8], types.intp)
-            m, a, b, k = (_load_vector(builder, _element_ptr(context, builder, sig.args[j],
+            m, a, b, k = (load_vector(builder, element_ptr(context, builder, sig.args[j],
                                                              args[j], phase),
                                        lanes, xv.type.element, sig.args[j].dtype.bitwidth // 8)
                           for j in (4, 5, 6, 7))
         else:
-            m, a, b, k = (_broadcast(builder, args[j], lanes) for j in (4, 5, 6, 7))
+            m, a, b, k = (broadcast(builder, args[j], lanes) for j in (4, 5, 6, 7))
         yv = builder.fadd(builder.fadd(builder.fmul(dv, a),
                                        builder.fmul(builder.fsub(xv, m), b)), k)
         if narrow is not None:
             yv = narrow(builder, yv, lanes)
-        _store(context, builder, dxty, args[2], index, yv, True)
+        store_vector(context, builder, dxty, args[2], index, yv, True)
         return context.get_dummy_value()
 
     return codegen
@@ -376,7 +322,7 @@ def _grad_codegen(tables):
 
 @intrinsic
 def stream_grad(typingctx, x, dy, dx, index, m, a, b, k):
-    if not (_arrays_ok(x, dx, index) and isinstance(dy, types.Array) and dy.dtype == dx.dtype):
+    if not (arrays_ok(x, dx, index) and isinstance(dy, types.Array) and dy.dtype == dx.dtype):
         return None
     if any(t != _compute_type(dx) for t in (m, a, b, k)):
         return None
@@ -385,7 +331,7 @@ def stream_grad(typingctx, x, dy, dx, index, m, a, b, k):
 
 @intrinsic
 def stream_grad_tables(typingctx, x, dy, dx, index, m, a, b, k, phase):
-    if not (_arrays_ok(x, dx, index) and isinstance(dy, types.Array) and dy.dtype == dx.dtype
+    if not (arrays_ok(x, dx, index) and isinstance(dy, types.Array) and dy.dtype == dx.dtype
             and isinstance(phase, types.Integer)):
         return None
     if not all(isinstance(t, types.Array) and t.dtype == _compute_type(dx)
@@ -406,11 +352,9 @@ vector_scale_shift_tables = _tables_intrinsic(False)
 stream_scale_shift_tables = _tables_intrinsic(True)
 vector_scale_shift_split = _split_intrinsic(False)
 stream_scale_shift_split = _split_intrinsic(True)
-#   *_normalize_row(x, xi, y, yi, m, a, c, s, b, j)   y[yi] = ((x[xi] - m) * a + c) * s[j] + b[j]
 #   stream_grad(x, dy, dx, i, m, a, b, k)               dx[i] = dy[i] * a + (x[i] - m) * b + k
 #   stream_grad_tables(x, dy, dx, i, m, a, b, k, phase)   the same, tables[phase:phase+L]
-vector_normalize_row = _row_intrinsic(False)
-stream_normalize_row = _row_intrinsic(True)
+# (the row normalizations' vector: normkernels.kernels.row_vectors)
 
 
 @intrinsic

@@ -15,6 +15,9 @@ Where the function body and normkernels differ (README, "Row normalizations"):
   as the spec allows, 11 (float64) as an extension;
 * for 16-bit X, the normalized value is not rounded to X's type before the scale and
   bias: ``(x - mean) * inv * Scale + B`` is computed in float32 and rounded once.
+
+Package extensions: ``activation=`` and ``add=`` (``Y = act(... * Scale + B + add)`` in
+the same pass, see :mod:`normkernels.ops.rows`); Mean and InvStdDev are unchanged.
 """
 
 from dataclasses import dataclass
@@ -55,10 +58,12 @@ def check_outputs(label, num_outputs, most):
 
 
 def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type=None,
-                        num_outputs=1, opset=17, out=None, engine, path=None):
+                        num_outputs=1, opset=17, activation=None, add=None, out=None, engine,
+                        path=None):
     """Spec layer of :func:`normkernels.layer_normalization`."""
     key = given = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+    # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
+    if path is None and activation is None and add is None:
         try:
             key = (OP, engine, opset, axis, epsilon, stash_type, num_outputs, type(opset),
                    type(axis), type(epsilon), type(stash_type), type(num_outputs),
@@ -81,6 +86,7 @@ def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type
     eps = common.check_epsilon(label, attrs["epsilon"])
     stash = stash_dtype(label, attrs["stash_type"])
     n_out = check_outputs(label, num_outputs, 3)
+    act = common.check_activation(label, activation)
     arrays = {"X": common.as_array("X", X), "Scale": common.as_array("Scale", Scale)}
     if B is not None:
         arrays["B"] = common.as_array("B", B)
@@ -95,11 +101,12 @@ def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type
     if K == 0 and M > 0:
         raise ValueError(f"{label}: X of shape {X.shape} has rows of zero elements (axis {a}): "
                          "their mean and variance are undefined")
+    res = common.check_residual(label, "add", add, X)
     if out is not None:
-        rows.check_out(label, out, X, arrays)
+        rows.check_out(label, out, X, arrays, res=res)
     finish = _outputs(n_out, stash, rows.statistics_shape(X.shape, a), eps)
     Y, mean, var = rows.normalize(X, a, arrays["Scale"], arrays.get("B"), eps, True, engine,
-                                  path, out)
+                                  path, out, act=act, res=res)
     checked = (X, *arrays.values())
     if key is not None and eps and plans.plain(given, checked):
         plans.add(key, rows.plan(engine, eps, True, X, a, checked[1:], out, finish))

@@ -16,6 +16,10 @@ Where the function body and normkernels differ (README, "Row normalizations"):
   normkernels computes ``normalized * scale`` in the wider compute dtype and rounds
   once to V;
 * for 16-bit X the normalized value is not rounded to X's type before the scale.
+
+Package extensions (RMSNormalization): ``activation=`` and ``add=`` (X's shape and
+dtype), ``Y = act(normalized * scale + add)`` in the same pass (see
+:mod:`normkernels.ops.rows`).
 """
 
 from dataclasses import dataclass
@@ -58,9 +62,9 @@ def _planned(key, X, scale, out):
     return None if plan is None else plan(X, scale, None, out)
 
 
-def _run(label, X, scale, axis, epsilon, stash, out, engine, path):
+def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add=None):
     """Checks shared by both operators, then the normalization: ``(Y, a, var, X,
-    scale)`` (the arrays as checked)."""
+    scale)`` (the arrays as checked); ``act``, ``add``: the epilogue (unchecked)."""
     arrays = {"X": common.as_array("X", X), "scale": common.as_array("scale", scale)}
     for name, arr in arrays.items():
         common.check_dtype(label, name, arr, ALL_FLOATS)
@@ -71,10 +75,12 @@ def _run(label, X, scale, axis, epsilon, stash, out, engine, path):
     if K == 0 and M > 0:
         raise ValueError(f"{label}: X of shape {X.shape} has rows of zero elements (axis {a}): "
                          "their mean square is undefined")
+    act = common.check_activation(label, act)
+    res = common.check_residual(label, "add", add, X)
     if out is not None:
-        rows.check_out(label, out, X, {"scale": s}, dtype=s.dtype)
+        rows.check_out(label, out, X, {"scale": s}, dtype=s.dtype, res=res)
     Y, _, var = rows.normalize(X, a, s, None, epsilon, False, engine, path, out,
-                               out_dtype=s.dtype)
+                               out_dtype=s.dtype, act=act, res=res)
     return Y, a, var, X, s
 
 
@@ -85,10 +91,11 @@ def _add_plan(key, given, checked, engine, epsilon, a, out, finish):
 
 
 def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
-                      out=None, engine, path=None):
+                      activation=None, add=None, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.rms_normalization`."""
     key = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+    # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
+    if path is None and activation is None and add is None:
         key = _key(OP, engine, (opset, axis, epsilon, stash_type), X, scale, out)
         Y = None if key is None else _planned(key, X, scale, out)
         if Y is not None:
@@ -99,7 +106,8 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
                                                        "stash_type": stash_type})
     eps = common.check_epsilon(label, attrs["epsilon"])
     stash_dtype(label, attrs["stash_type"], RMS_STASH)  # checked; no output has it
-    Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path)
+    Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path,
+                             activation, add)
     _add_plan(key, (X, scale), checked, engine, eps, a, out, _first)
     return Y
 

@@ -15,6 +15,12 @@ column; :func:`normalize` gets every call there:
   value in the compute dtype and NumPy applies the parameters with the same
   roundings (a product, then a sum, in the compute dtype; one rounding to the
   output dtype), so both give the same bits.
+
+An epilogue (``activation=``, ``add=``: a package extension) makes ``Y = act(affine +
+add)``: on the fused path the kernel adds the residual and applies the activation
+while Y is in registers; on the general path NumPy adds the residual (in the wide
+dtype) and the engine's per-channel loop applies the activation to the value rounded
+to the activations' compute dtype, as the kernels do.
 """
 
 import math
@@ -93,8 +99,9 @@ def rows_in(X, M, K):
     return v if v is not None else np.ascontiguousarray(X).reshape(M, K)
 
 
-def check_out(label, out, X, params, dtype=None):
-    """``out`` for Y: X's shape and ``dtype`` (X's by default); see common.check_out."""
+def check_out(label, out, X, params, dtype=None, res=None):
+    """``out`` for Y: X's shape and ``dtype`` (X's by default); see common.check_out.
+    ``res``: a residual the kernel reads (``out`` may be it, exactly)."""
     if dtype is not None and dtype != X.dtype:
         if not isinstance(out, np.ndarray):
             raise TypeError(f"{label}: out must be a numpy.ndarray, got {type(out).__name__}")
@@ -103,11 +110,12 @@ def check_out(label, out, X, params, dtype=None):
                              f"got ({out.shape}, {out.dtype})")
         if not out.flags.writeable:
             raise ValueError(f"{label}: out is read-only")
-        for name, p in {"X": X, **params}.items():
+        named = {"X": X, **params, **({} if res is None else {"add": res})}
+        for name, p in named.items():
             if np.may_share_memory(out, p) and np.shares_memory(out, p):
                 raise ValueError(f"{label}: out shares memory with {name}")
         return
-    common.check_out(label, out, X, params)
+    common.check_out(label, out, X, params, None if res is None else {"X": X, "add": res})
 
 
 def wide_dtype(*dtypes):
@@ -117,7 +125,7 @@ def wide_dtype(*dtypes):
 
 
 def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, out_dtype=None,
-              skip=None, bias=None, sums=None):
+              skip=None, bias=None, sums=None, act=None, res=None):
     """Y of a row normalization of X over axes ``a..``, and float64 per-row ``(mean,
     var)`` (``var``: the mean square when not ``centered``; mean 0).
 
@@ -125,7 +133,9 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
     ``out_dtype`` is Y's dtype (X's by default); ``skip`` (``Ms x K`` rows, ``Ms``
     dividing M), ``bias`` (``K``) and ``sums`` (an ``M x K`` array for ``x + skip +
     bias``) are onnxruntime's skip add (fused path only: the caller guarantees
-    parameters per column and ``out_dtype`` X's).
+    parameters per column and ``out_dtype`` X's). ``act`` (an activation's name, or
+    None) and ``res`` (a checked residual of X's shape and dtype, or None) are the
+    epilogue ``Y = act(affine + res)``.
     """
     shape = X.shape
     out_dtype = X.dtype if out_dtype is None else out_dtype
@@ -139,8 +149,9 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
         x2 = rows_in(X, M, K)
         y2 = _rows_view(Y, M, K)
         target = y2 if y2 is not None else np.empty((M, K), out_dtype)
+        extra = common.epilogue(act, None if res is None else rows_in(res, M, K))
         mean, var = engine.normalize_rows(x2, target, s, b, epsilon, centered, skip=skip,
-                                          bias=bias, sums=sums, path=path)
+                                          bias=bias, sums=sums, path=path, **extra)
         if y2 is None:
             np.copyto(Y, target.reshape(shape))
         return Y, mean, var
@@ -159,8 +170,24 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
             z = z * scale.astype(wide)
             if B is not None:
                 z = z + B.astype(wide)
+        if res is not None:
+            z = z + res.astype(wide)
+    if act is not None:
+        z = _activated(z, act, out_dtype, engine, path)
     np.copyto(Y, z.astype(out_dtype, copy=False))
     return Y, mean, var
+
+
+def _activated(z, act, out_dtype, engine, path):
+    """The activation ``act`` of the general path's ``z``, rounded first to the
+    activations' compute dtype (float32 unless Y is float64), by the engine's
+    per-channel loop with ``m = 0, a = 1, b = -0.0`` (``(z - 0) * 1 + -0.0`` is ``z``
+    exactly): the kernels' epilogue on the same value."""
+    cd = FLOAT64 if out_dtype == FLOAT64 else FLOAT32
+    v = np.array(z, dtype=cd, order="C").reshape(-1)  # a new array, activated in place
+    engine.scale_shift(v, v, 1, v.size, np.zeros(1, cd), np.ones(1, cd), np.full(1, -0.0, cd),
+                       path, act=act)
+    return v.reshape(z.shape)
 
 
 def inverse_std(var, epsilon):

@@ -1,0 +1,63 @@
+"""The row normalizations' rules in NumPy, for :mod:`normkernels.reference`:
+onnxruntime's skip add (:func:`skip_sums`), the fold of a row's statistics
+(:func:`fold_rows`, the rule of :func:`normkernels.kernels.rows.fold_row`) and the
+normalize pass with its epilogue (:func:`normalize_rows_from`), bit for bit the row
+kernels' arithmetic up to the activation (the twin's own, NumPy's ``exp``).
+"""
+
+import numpy as np
+
+from normkernels.dtypes import FLOAT64, compute_dtype, row_compute_dtype
+from normkernels.reference_fused import activation
+
+
+def skip_sums(x, skip, bias):
+    """onnxruntime's skip add: ``(x + skip) + bias`` per row (skip rows repeating over
+    x's rows) in the row compute dtype, rounded once to x's dtype."""
+    cd = row_compute_dtype(x.dtype)
+    with np.errstate(all="ignore"):
+        total = (x.astype(cd).reshape(-1, *skip.shape) + skip.astype(cd)).reshape(x.shape)
+        if bias is not None:
+            total = total + bias.astype(cd)
+        return total.astype(x.dtype)
+
+
+def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act=None, res=None):
+    """Y of a row normalization from the per-row float64 ``mean`` and ``var`` (the
+    mean square when not centred): the kernels' arithmetic, bit for bit. The epilogue:
+    the residual ``res`` (x's shape and dtype; None: none) added in the row compute
+    dtype, then the activation ``act`` in the activations' compute dtype (the value
+    rounded to float32 first for float32 x), the twin's own (NumPy's ``exp``)."""
+    m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
+    cd = m.dtype
+    b = np.full(x.shape[1], -0.0, cd) if B is None else B.astype(cd)
+    with np.errstate(all="ignore"):
+        normalized = (x.astype(cd) - m[:, None]) * a[:, None] + c[:, None]
+        result = normalized * scale.astype(cd) + b
+        if res is not None:
+            result = result + res.astype(cd)
+        if (getattr(act, "kind", act) or "none") != "none":
+            result = activation(act, result.astype(compute_dtype(y.dtype)))
+        y[...] = result.astype(y.dtype)
+
+
+def fold_rows(mean, var, epsilon, centered, dtype):
+    """Per-row ``(m, a, c)`` in the row compute dtype of ``dtype`` (float32 for 16-bit
+    X, else float64: :func:`normkernels.dtypes.row_compute_dtype`) such that
+    ``(x - m) * a + c`` is ``(x - mean) / sqrt(var + epsilon)``: the rule the row
+    kernels follow (:func:`normkernels.kernels.rows.fold_row`). ``a`` is computed in
+    float64 and rounded once; ``m`` is the mean rounded to the compute dtype and ``c``
+    the residual ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite),
+    or ``-0.0``, which adds nothing, not even to a negative zero. Not ``centered``
+    (RMS): ``m = 0`` and ``c = -0.0``: ``x * a`` exactly."""
+    cd = row_compute_dtype(dtype)
+    with np.errstate(all="ignore"):
+        inv = 1.0 / np.sqrt(var + epsilon)
+        a = inv.astype(cd)
+        if not centered:
+            return np.zeros(mean.size, cd), a, np.full(mean.size, -0.0, cd)
+        m = mean.astype(cd)
+        if cd == FLOAT64:
+            return m, a, np.full(mean.size, -0.0, cd)
+        c = np.where(np.isfinite(m), -((mean - m.astype(FLOAT64)) * inv), -0.0)
+        return m, a, c.astype(cd)
