@@ -34,7 +34,7 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
         1: Y; 2: (Y, Mean); 3: (Y, Mean, InvStdDev).
     activation : str, optional
         An epilogue applied to Y in the same pass (a package extension, not an ONNX
-        attribute): None (default), "relu", "silu" or "gelu_tanh" (PyTorch's
+        attribute): None (default), "relu", "silu", "gelu_tanh" or "gelu" (PyTorch's
         definitions; the error bound in the README's "Group normalizations" notes),
         evaluated in float32 (float64 for float64 X) before Y's one rounding to a
         16-bit dtype. Mean and InvStdDev are those of X, unchanged.
@@ -79,7 +79,7 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23
         1, 10, 11 or 16 (the body's legal values): checked, with no effect on the
         result: the mean square is always accumulated in float64.
     activation : str, optional
-        None, "relu", "silu" or "gelu_tanh": an epilogue in the same pass, as in
+        None, "relu", "silu", "gelu_tanh" or "gelu": an epilogue in the same pass, as in
         :func:`layer_normalization` (a package extension).
     add : ndarray, optional
         A residual of X's shape and dtype added before the activation: ``Y =
