@@ -5,7 +5,8 @@ kernel compiles on its first call per (dtype, layout), then comes from the disk 
 """
 
 __version__ = "0.1.0"
-__all__ = ["ada_group_norm", "ada_layer_norm", "batch_norm_forward_training",
+__all__ = ["ada_group_norm", "ada_group_norm_backward", "ada_layer_norm",
+           "ada_layer_norm_backward", "batch_norm_forward_training",
            "batch_norm_inference",
            "batch_norm_training_backward", "batch_normalization",
            "batch_normalization_backward", "bind", "fold_batch_norm", "group_norm",

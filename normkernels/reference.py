@@ -46,7 +46,12 @@ from normkernels.ops import moments as _moments
 from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
-from normkernels.reference_fused import activation, gated_sums_rows, skip_sums_rows
+from normkernels.reference_fused import (
+    EpilogueGradients,
+    activation,
+    gated_sums_rows,
+    skip_sums_rows,
+)
 from normkernels.reference_lp import c_pow, lp_fold, round_once
 from normkernels.reference_rows import (  # noqa: F401  (fold_rows: documented here)
     fold_rows,
@@ -55,7 +60,7 @@ from normkernels.reference_rows import (  # noqa: F401  (fold_rows: documented h
 )
 
 
-class NumPyEngine(Engine):
+class NumPyEngine(EpilogueGradients, Engine):
     """:class:`normkernels.engine.Engine` in NumPy (``path`` is accepted and has no
     effect: there is one way to run here)."""
 

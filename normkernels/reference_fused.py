@@ -57,3 +57,38 @@ def gated_sums_rows(x, residual, gate, dest, K, rows_per_gate):
     with np.errstate(all="ignore"):
         total = residual.reshape(M, K).astype(cd) + g * x.reshape(M, K).astype(cd)
         dest.reshape(M, K)[...] = total.astype(dest.dtype)
+
+
+class EpilogueGradients:
+    """The epilogue backward passes of :class:`normkernels.reference.NumPyEngine` (the
+    rules of :mod:`normkernels.kernels.activation_grad`, with NumPy's ``exp``)."""
+
+    def activation_grad(self, z, dy, dz, act, path=None):
+        kind = getattr(act, "kind", act)
+        cd = z.dtype
+        with np.errstate(all="ignore"):
+            if kind == "silu":
+                s = sigmoid(z)
+                slope = s * (1 + z * (1 - s))
+            elif kind == "gelu_tanh":
+                a, b = cd.type(2 * np.sqrt(2 / np.pi)), cd.type(0.044715)
+                s = sigmoid(a * (z + b * (z * z * z)))
+                slope = s + z * (s * (1 - s)) * (a * (1 + 3 * b * (z * z)))
+            elif kind == "gelu":
+                z64 = z.astype(np.float64)
+                cdf = 0.5 * _erfc(-z64 / np.sqrt(2.0))
+                slope = (cdf + z64 * np.exp(-0.5 * z64 * z64) / np.sqrt(2 * np.pi)).astype(cd)
+            else:
+                raise ValueError(f"no derivative for activation {kind!r}")
+            dz.reshape(-1)[...] = (dy.reshape(-1).astype(cd) * slope.reshape(-1)).astype(cd)
+
+    def relu_mask(self, y, dy, dz, path=None):
+        with np.errstate(invalid="ignore"):
+            mask = y.reshape(-1).astype(np.float32) > 0
+        dz.reshape(-1)[...] = np.where(mask, dy.reshape(-1), dy.dtype.type(0))
+
+
+def sigmoid(z):
+    """``1 / (1 + exp(-z))`` without overflow, in z's dtype."""
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, z.dtype.type(1), e) / (1 + e)

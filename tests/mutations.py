@@ -104,6 +104,9 @@ SKIP_SUMS_K = "normkernels/kernels/skip_sums.py"
 ORT_GN = ["tests/test_ort_group_norm.py"]
 ADA_SPEC = "normkernels/ops/modulated.py"
 ADA = ["tests/test_ada_layer_norm.py"]
+ACT_GRAD_K = "normkernels/kernels/activation_grad.py"
+EPI_BWD_SPEC = "normkernels/ops/epilogue_backward.py"
+EPI_BWD = ["tests/test_epilogue_backward.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 INLINING = "normkernels/kernels/inlining.py"
@@ -570,8 +573,8 @@ MUTATIONS = [
     mutation("silu-sigmoid-branches-swapped/activations", "SiLU takes e / (1 + e) for "
              "positive y (the sigmoid's branches swapped)", [
                  (ACTIVATIONS, "builder.select(builder.fcmp_ordered(\">=\", z, zero), "
-                  "_constant(ty, 1.0), e)", "builder.select(builder.fcmp_ordered(\"<\", z, "
-                  "zero), _constant(ty, 1.0), e)")], ORT_GN),
+                  "constant(ty, 1.0), e)", "builder.select(builder.fcmp_ordered(\"<\", z, "
+                  "zero), constant(ty, 1.0), e)")], ORT_GN),
     mutation("exp-polynomial-coefficient/activations", "float32 exp: Cephes' r^2 "
              "coefficient 0.5000000120 replaced by 0.5 - 2^-12", [
                  (ACTIVATIONS, "1.6666665459e-1, 5.0000001201e-1)",
@@ -702,19 +705,36 @@ MUTATIONS = [
                  (COMMON, 'raise ValueError(f"{op}: {name} must have shape ({C},) to match',
                   'raise ValueError(f"{op}: parameter must have shape ({C},) to match')],
              ["tests/test_hostile.py"]),
-    # the operator table's per-sample modulation (records ada-layernorm, ada-groupnorm)
-    mutation("per-sample-gain-on-dy/operator-formulas", "the float64 formula of a per-sample "
-             "backward adds the modulation's 1 to dY, not to the scale", [
-                 ("normkernels/operator_record.py", "k = int(mode == BACKWARD)", "k = 0")],
-             ["tests/test_table.py", "-k", "every_path and ada and backward"]),
-    mutation("ada-shift-scale-swapped/operator-table", "ada-layernorm's record passes the "
-             "table's scale as shift and its shift as scale", [
-                 ("normkernels/operators.py", 'signature={"inference": ("X", "B", "scale"), '
-                  '"backward": ("dY", "X", "B", "scale")},\n             '
-                  'warmup=_ADA_ROWS_WARMUP),', 'signature={"inference": ("X", "scale", "B"), '
-                  '"backward": ("dY", "X", "scale", "B")},\n             '
-                  'warmup=_ADA_ROWS_WARMUP),')],
-             ["tests/test_table.py", "-k", "every_path and ada-layernorm"]),
+    # backward passes through the epilogues; AdaGroupNorm's and AdaLN's
+    mutation("silu-derivative/epilogue-backward", "silu'(z) taken as s (1 + z s), not "
+             "s (1 + z (1 - s))", [
+                 (ACT_GRAD_K, "builder.fmul(s, builder.fadd(one, builder.fmul(z, "
+                  "builder.fsub(one, s))))", "builder.fmul(s, builder.fadd(one, "
+                  "builder.fmul(z, s)))")], EPI_BWD),
+    mutation("gelu-tanh-slope/epilogue-backward", "gelu_tanh' drops the 3 of the cube's "
+             "derivative", [(ACT_GRAD_K, "constant(ty, 3.0 * b)",
+                             "constant(ty, b)")], EPI_BWD),
+    mutation("gelu-density/epilogue-backward", "gelu' takes phi(z) as exp(-z^2 / 2) / "
+             "sqrt(pi), not / sqrt(2 pi)", [
+                 (ACT_GRAD_K, "constant(ty, 1.0 / math.sqrt(2.0 * math.pi))",
+                  "constant(ty, 1.0 / math.sqrt(math.pi))")], EPI_BWD),
+    mutation("relu-mask-at-zero/epilogue-backward", "the ReLU mask passes dY where Y is 0",
+             [(ACT_GRAD_K, "            if load(y, i) > 0:", "            if load(y, i) >= 0:")],
+             EPI_BWD),
+    mutation("residual-gradient-is-dy/epilogue-backward", "diff_src_1 (the residual's "
+             "gradient) returned as dY, not dY * act'(Z)", [
+                 (EPI_BWD_SPEC, "return grads if res is None else (*grads, dZ)\n",
+                  "return grads if res is None else (*grads, dY)\n")], EPI_BWD),
+    mutation("residual-left-out-of-z/epilogue-backward", "Z recomputed without the "
+             "residual", [(EPI_BWD_SPEC, "        z = kernel_order(pre_activation(_widened(Xl, "
+                           "cd), _widened(res, cd)))", "        z = kernel_order(pre_activation("
+                           "_widened(Xl, cd), None))")], EPI_BWD),
+    mutation("sample-gamma/ada-group-norm-backward", "channels-last samples all take sample "
+             "0's 1 + scale", [(BWD_SPEC, "            gamma = gammas[i]",
+                                "            gamma = gammas[0]")], EPI_BWD),
+    mutation("ungated-dx/ada-layer-norm-backward", "dX of the gated residual leaves out the "
+             "gate", [(ADA_SPEC, "dX = round_once(g * total, X.dtype)",
+                       "dX = round_once(total, X.dtype)")], EPI_BWD),
     # exact GELU (normkernels/kernels/erf.py)
     mutation("gelu-rounded-square/erf", "erfc's exp(-x^2) of a rounded x^2 (t * t, not the "
              "split th * th + tl (t + th)): an error growing as x^2", [
@@ -730,6 +750,19 @@ MUTATIONS = [
              "and gelu(-inf) come out -0.0)", [
                  ("normkernels/kernels/erf.py", "    return builder.select(inside, result, "
                   "builder.fmul(y, step))\n", "    return result\n")], ["tests/test_gelu.py"]),
+    # the operator table's per-sample modulation (records ada-layernorm, ada-groupnorm)
+    mutation("per-sample-gain-on-dy/operator-formulas", "the float64 formula of a per-sample "
+             "backward adds the modulation's 1 to dY, not to the scale", [
+                 ("normkernels/operator_record.py", "k = int(mode == BACKWARD)", "k = 0")],
+             ["tests/test_table.py", "-k", "every_path and ada and backward"]),
+    mutation("ada-shift-scale-swapped/operator-table", "ada-layernorm's record passes the "
+             "table's scale as shift and its shift as scale", [
+                 ("normkernels/operators.py", 'signature={"inference": ("X", "B", "scale"), '
+                  '"backward": ("dY", "X", "B", "scale")},\n             '
+                  'warmup=_ADA_ROWS_WARMUP),', 'signature={"inference": ("X", "scale", "B"), '
+                  '"backward": ("dY", "X", "scale", "B")},\n             '
+                  'warmup=_ADA_ROWS_WARMUP),')],
+             ["tests/test_table.py", "-k", "every_path and ada-layernorm"]),
     # activation= and add= on the row normalizations
     mutation("vector-residual-dropped/rows-epilogue", "the row vectors leave out add= (the "
              "scalar heads and tails add it)", [

@@ -44,8 +44,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         The model's opset; the version used is the highest at or below it.
     activation : str, optional
         An epilogue applied to Y in the same pass, before its one rounding (a package
-        extension, not an ONNX attribute): None (default), "relu", "silu" or
-        "gelu_tanh" (PyTorch's definitions; the error bound in the README's
+        extension, not an ONNX attribute): None (default), "relu", "silu", "gelu_tanh" or
+        "gelu" (PyTorch's definitions; the error bound in the README's
         "Group normalizations" notes).
     add : ndarray, optional
         A residual of X's shape and dtype added to the affine result before the

@@ -41,8 +41,8 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
         The model's opset; the version used is the highest at or below it.
     activation : str, optional
         An epilogue applied to Y in the same pass, before its one rounding (a package
-        extension, not an ONNX attribute): None (default), "relu", "silu" or
-        "gelu_tanh" (PyTorch's definitions; the error bound in the README's
+        extension, not an ONNX attribute): None (default), "relu", "silu", "gelu_tanh" or
+        "gelu" (PyTorch's definitions; the error bound in the README's
         "Group normalizations" notes).
     add : ndarray, optional
         A residual of X's shape and dtype added to the affine result before the

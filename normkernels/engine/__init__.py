@@ -117,6 +117,15 @@ class Engine:
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""
         raise NotImplementedError
 
+    def activation_grad(self, z, dy, dz, act, path=None):
+        """``dz = dy * act'(z)`` in the compute dtype of flat arrays in one memory order
+        (``z``, ``dz``: compute dtype; ``dy``: X's)."""
+        raise NotImplementedError
+
+    def relu_mask(self, y, dy, dz, path=None):
+        """``dz = dy`` where ``y > 0``, else +0 (flat arrays of X's dtype)."""
+        raise NotImplementedError
+
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         """Backward of a row normalization of C-contiguous ``M x K`` rows (statistics
         recomputed per row, or ``stats``: float64 ``(M, 2)`` of the caller's mean and

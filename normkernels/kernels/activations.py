@@ -138,7 +138,7 @@ def _unbox_activation(typ, obj, c):
 # --- IR ---------------------------------------------------------------------------------
 
 
-def _constant(value_type, x):
+def constant(value_type, x):
     """A constant of ``value_type`` (a float or integer type, scalar or vector: every
     lane ``x``)."""
     if isinstance(value_type, ir.VectorType):
@@ -175,29 +175,29 @@ _F64_EXP = dict(low=-746.0, magic=6755399441055744.0, ln2_hi=6.93145751953125e-1
 
 def _horner(builder, x, coefficients):
     ty = x.type
-    acc = _constant(ty, coefficients[0])
+    acc = constant(ty, coefficients[0])
     for c in coefficients[1:]:
-        acc = builder.fadd(builder.fmul(acc, x), _constant(ty, c))
+        acc = builder.fadd(builder.fmul(acc, x), constant(ty, c))
     return acc
 
 
-def _exp_nonpositive(builder, t):
+def exp_nonpositive(builder, t):
     """``exp(t)`` for ``t <= 0`` (a NaN gives some finite value: callers multiply it by
     the NaN they came from); 0 below the dtype's ``low``: ``t`` is clamped there, and
     ``exp(low)`` is below half the smallest subnormal (``2^-150``, ``2^-1075``), so the
     last product rounds it to 0."""
     ty = t.type
     k_ = _F64_EXP if _is_double(ty) else _F32_EXP
-    low = _constant(ty, k_["low"])
+    low = constant(ty, k_["low"])
     below = builder.fcmp_ordered("<", t, low)
     ordered = builder.fcmp_ordered("==", t, t)
     # clamp into [low, 0]; a NaN becomes 0 (fptosi of NaN would be poison)
-    u = builder.select(below, low, builder.select(ordered, t, _constant(ty, 0.0)))
-    magic = _constant(ty, k_["magic"])
-    k = builder.fsub(builder.fadd(builder.fmul(u, _constant(ty, 1.0 / math.log(2.0))), magic),
+    u = builder.select(below, low, builder.select(ordered, t, constant(ty, 0.0)))
+    magic = constant(ty, k_["magic"])
+    k = builder.fsub(builder.fadd(builder.fmul(u, constant(ty, 1.0 / math.log(2.0))), magic),
                      magic)
-    r = builder.fsub(builder.fsub(u, builder.fmul(k, _constant(ty, k_["ln2_hi"]))),
-                     builder.fmul(k, _constant(ty, k_["ln2_lo"])))
+    r = builder.fsub(builder.fsub(u, builder.fmul(k, constant(ty, k_["ln2_hi"]))),
+                     builder.fmul(k, constant(ty, k_["ln2_lo"])))
     return _exp_reduced(builder, k, r)
 
 
@@ -207,12 +207,12 @@ def _exp_reduced(builder, k, r):
     factors (the last product rounds once into the subnormals)."""
     ty = r.type
     k_ = _F64_EXP if _is_double(ty) else _F32_EXP
-    one = _constant(ty, 1.0)
+    one = constant(ty, 1.0)
     if _is_double(ty):
         rr = builder.fmul(r, r)
         px = builder.fmul(r, _horner(builder, rr, k_["p"]))
         qx = _horner(builder, rr, k_["q"])
-        e = builder.fadd(one, builder.fmul(_constant(ty, 2.0),
+        e = builder.fadd(one, builder.fmul(constant(ty, 2.0),
                                            builder.fdiv(px, builder.fsub(qx, px))))
     else:
         rr = builder.fmul(r, r)
@@ -221,28 +221,28 @@ def _exp_reduced(builder, k, r):
     # 2^k as 2^k1 * 2^k2, k1 = k >> 1: each factor a normal number
     ity = _int_type(ty)
     ki = builder.fptosi(k, ity)
-    k1 = builder.ashr(ki, _constant(ity, 1))
+    k1 = builder.ashr(ki, constant(ity, 1))
     k2 = builder.sub(ki, k1)
-    shift = _constant(ity, k_["mantissa"])
-    bias = _constant(ity, k_["bias"])
+    shift = constant(ity, k_["mantissa"])
+    bias = constant(ity, k_["bias"])
     f1 = builder.bitcast(builder.shl(builder.add(k1, bias), shift), ty)
     f2 = builder.bitcast(builder.shl(builder.add(k2, bias), shift), ty)
     return builder.fmul(builder.fmul(e, f1), f2)
 
 
-def _sigmoid(builder, z):
+def sigmoid(builder, z):
     """``1 / (1 + e)`` (z >= 0) or ``e / (1 + e)`` with ``e = exp(-|z|)``."""
     ty = z.type
-    zero = _constant(ty, 0.0)
+    zero = constant(ty, 0.0)
     positive = builder.fcmp_ordered(">", z, zero)
-    e = _exp_nonpositive(builder, builder.select(positive, builder.fsub(zero, z), z))  # -|z|
-    denominator = builder.fadd(_constant(ty, 1.0), e)
-    numerator = builder.select(builder.fcmp_ordered(">=", z, zero), _constant(ty, 1.0), e)
+    e = exp_nonpositive(builder, builder.select(positive, builder.fsub(zero, z), z))  # -|z|
+    denominator = builder.fadd(constant(ty, 1.0), e)
+    numerator = builder.select(builder.fcmp_ordered(">=", z, zero), constant(ty, 1.0), e)
     return builder.fdiv(numerator, denominator)
 
 
-_GELU_A = math.sqrt(2.0 / math.pi)
-_GELU_B = 0.044715
+GELU_A = math.sqrt(2.0 / math.pi)
+GELU_B = 0.044715
 
 
 def build(builder, kind, y):
@@ -251,15 +251,15 @@ def build(builder, kind, y):
         return y
     ty = y.type
     if kind == "relu":
-        return builder.select(builder.fcmp_ordered("<", y, _constant(ty, 0.0)),
-                              _constant(ty, 0.0), y)
+        return builder.select(builder.fcmp_ordered("<", y, constant(ty, 0.0)),
+                              constant(ty, 0.0), y)
     if kind == "silu":
-        return builder.fmul(y, _sigmoid(builder, y))
+        return builder.fmul(y, sigmoid(builder, y))
     if kind == "gelu_tanh":
         cube = builder.fmul(builder.fmul(y, y), y)
-        inner = builder.fadd(y, builder.fmul(_constant(ty, _GELU_B), cube))
-        two_u = builder.fmul(_constant(ty, 2.0 * _GELU_A), inner)
-        return builder.fmul(y, _sigmoid(builder, two_u))
+        inner = builder.fadd(y, builder.fmul(constant(ty, GELU_B), cube))
+        two_u = builder.fmul(constant(ty, 2.0 * GELU_A), inner)
+        return builder.fmul(y, sigmoid(builder, two_u))
     if kind == "gelu":
         return erf.gelu(builder, y, _exp_reduced, _F64_EXP if _is_double(ty) else _F32_EXP)
     raise ValueError(f"no activation {kind!r}")

@@ -23,6 +23,7 @@ import numpy as np
 
 from normkernels.dtypes import FLOAT64, compute_dtype
 from normkernels.ops import common
+from normkernels.ops import epilogue_backward as _epilogue
 from normkernels.ops.common import ALL_FLOATS
 
 BN = "BatchNormalizationBackward"
@@ -145,9 +146,10 @@ def _target(x, dy, out, order, X, dY):
 
 
 def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, epsilon=1e-5,
-                                 training=True, data_format="NCX", out=None, engine,
-                                 path=None):
-    """Spec layer of :func:`normkernels.batch_normalization_backward`."""
+                                 training=True, data_format="NCX", out=None, activation=None,
+                                 Y=None, B=None, add=None, engine, path=None):
+    """Spec layer of :func:`normkernels.batch_normalization_backward` (with an epilogue:
+    :mod:`normkernels.ops.epilogue_backward`)."""
     label = BN
     dY, X, params = _arrays(label, dY, X, {"scale": scale, "mean": mean, "var": var,
                                            "inv_std": inv_std})
@@ -159,6 +161,24 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     r = _inv_std(label, params.get("var"), params.get("inv_std"), epsilon)
     if out is not None:
         common.check_out(label, out, X, params, {"X": X, "dY": dY})
+    if _epilogue.wanted(activation, Y, B, add):
+        act, Y, B, res = _epilogue.check(label, activation, Y, B, add, X, C)
+
+        def pre_activation(Xc, Rc):
+            if params.get("var") is not None:  # the forward's own folding
+                return common.infer(Xc, params["scale"], B, params["mean"], params["var"],
+                                    epsilon, data_format, None, engine, path, res=Rc)
+            return _affine(Xc, Rc, params["scale"], B, params["mean"], r, data_format, engine,
+                           path)
+
+        def normalization(dZ, Xn, o):
+            return batch_normalization_backward(dZ, Xn, scale, mean, var, inv_std=inv_std,
+                                                epsilon=epsilon, training=training,
+                                                data_format=data_format, out=o, engine=engine,
+                                                path=path)
+
+        return _epilogue.backward(label, dY, X, act, Y, res, data_format, pre_activation,
+                                  normalization, out, engine, path)
     pdtype = params["scale"].dtype
     if X.size == 0:
         zeros = np.zeros(C, pdtype)
@@ -177,31 +197,53 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
 
 
+def _affine(Xc, Rc, scale, B, mean, r, data_format, engine, path):
+    """``(x - mean) * scale * r + B (+ Rc)`` per channel in Xc's (compute) dtype, folded
+    as the forward folds: ``a`` rounded once, the mean's residual folded into ``b``."""
+    cd = Xc.dtype
+    mean64 = mean.astype(np.float64)
+    with np.errstate(all="ignore"):
+        a64 = scale.astype(np.float64) * r
+        m = mean64.astype(cd)
+        b = B.astype(np.float64) + np.where(np.isfinite(m), (m - mean64) * a64, 0.0)
+    a, b = a64.astype(cd), b.astype(cd)
+
+    def kernel(x, y, C, S, rr=None):
+        engine.scale_shift(x, y, C, S, m, a, b, path, **common.epilogue(None, rr))
+
+    return common.map_layout(Xc, data_format, None, kernel, Rc)
+
+
 def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, mean=None, inv_std=None,
-                                    data_format="NCX", out=None, engine, path=None):
+                                    data_format="NCX", out=None, activation=None, Y=None,
+                                    B=None, add=None, engine, path=None):
     """Spec layer of :func:`normkernels.instance_normalization_backward`: the group
     backward pass with groups of one channel (the statistics of every (n, c)
     recomputed from X unless given)."""
-    return _group_backward(IN, dY, X, scale, None, epsilon, mean, inv_std, data_format, out,
-                           engine, path)
+    return group_backward(IN, dY, X, scale, None, epsilon, mean, inv_std, data_format, out,
+                           engine, path, (activation, Y, B, add))
 
 
 def group_normalization_backward(dY, X, scale, *, num_groups, epsilon=1e-5, mean=None,
-                                 inv_std=None, data_format="NCX", out=None, engine, path=None):
+                                 inv_std=None, data_format="NCX", out=None, activation=None,
+                                 Y=None, B=None, add=None, engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization_backward` (GroupNormalization-21:
     scale per channel)."""
-    return _group_backward(GN, dY, X, scale, num_groups, epsilon, mean, inv_std, data_format,
-                           out, engine, path)
+    return group_backward(GN, dY, X, scale, num_groups, epsilon, mean, inv_std, data_format,
+                           out, engine, path, (activation, Y, B, add))
 
 
-def _group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data_format, out,
-                    engine, path):
+def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data_format, out,
+                    engine, path, epilogue=(None,) * 4, per_sample=False):
     """Per (n, group) of M elements, with ``g = dY * scale[c]``: ``dX = r (g - <g> - x_hat
     <g x_hat>)``, that is ``dY * scale[c] r + (x - mu) * B + K`` with ``B = -r^3 sum(g (x -
     mu)) / M`` and ``K = -r sum(g) / M``: the per-(n, c) sums of the reduction weighted by
     scale and added per group. ``num_groups`` None: instance normalization (a group per
-    channel, X at least 3-D)."""
-    from normkernels.ops.group_normalization import check_groups
+    channel, X at least 3-D). ``epilogue``: the forward's ``(activation, Y, B, add)``
+    (:mod:`normkernels.ops.epilogue_backward`). ``per_sample``: ``scale`` is a checked
+    (N, C) table (AdaGroupNorm's ``1 + scale``), and ``dscale``, ``dB`` are the float64
+    (N, C) sums per sample."""
+    from normkernels.ops.group_normalization import check_groups, normalize
 
     dY, X, params = _arrays(label, dY, X, {"scale": scale})
     common.check_data_format(label, data_format)
@@ -210,31 +252,49 @@ def _group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, dat
         raise ValueError(f"{label}: X must have at least {least} dimensions (N x C ...), got "
                          f"shape {X.shape}")
     C = common.channel_count(X, data_format)
-    common.check_channel_params(label, C, params)
+    if not per_sample:
+        common.check_channel_params(label, C, params)
     G = C if num_groups is None else check_groups(label, "num_groups", num_groups, C)
     eps = common.check_epsilon(label, epsilon)
     N, Cg = X.shape[0], C // max(G, 1)
     given = given_statistics(label, mean, inv_std, (N, G), True)
     if out is not None:
         common.check_out(label, out, X, params, {"X": X, "dY": dY})
+    if _epilogue.wanted(*epilogue):
+        act, Y, B, res = _epilogue.check(label, *epilogue, X, C)
+
+        def pre_activation(Xc, Rc):
+            return normalize(label, Xc, params["scale"], B, G, eps, data_format, None, engine,
+                             path, res=Rc)[0]
+
+        def normalization(dZ, Xn, o):
+            return group_backward(label, dZ, Xn, scale, num_groups, epsilon, mean, inv_std,
+                                   data_format, o, engine, path)
+
+        return _epilogue.backward(label, dY, X, act, Y, res, data_format, pre_activation,
+                                  normalization, out, engine, path)
     pdtype = params["scale"].dtype
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     if X.size == 0 or spatial == 0:
         if spatial == 0 and N * C > 0:
             raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent")
-        zeros = np.zeros(C, pdtype)
+        zeros = np.zeros(params["scale"].shape if per_sample else C, pdtype)
         return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
     x, dy, order, S = _same_layout(X, dY, data_format)
     dx = _target(x, dy, out, order, X, dY)
-    scale64 = params["scale"].astype(np.float64)
+    scale64 = params["scale"].astype(np.float64).reshape(-1)
     if S == spatial:  # channels-first memory: N * C planes, a group's planes contiguous
         views, planes, per = [(x, dy, dx)], N * C, spatial
     else:  # channels-last memory: one call per sample, C columns
         views, planes, per = [(x[n], dy[n], dx[n]) for n in range(N)], C, 1
-    gamma = np.tile(scale64, planes // C)
+    gammas = scale64.reshape(len(views), planes) if per_sample else None
+    gamma = None if per_sample else np.tile(scale64, planes // C)
     dscale, dB = np.zeros(C), np.zeros(C)
+    partials = []  # per_sample: each view's (dscale, dB) per (n, c)
     M = Cg * spatial
     for i, (xv, dyv, dxv) in enumerate(views):
+        if per_sample:
+            gamma = gammas[i]
         if given is None:  # one reduction gives the statistics and the sums
             M, gmean, gm2, sum_dy, sum_dyx = engine.group_grad_sums(xv, dyv, planes, per, Cg,
                                                                     path)
@@ -253,9 +313,15 @@ def _group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, dat
             a = gamma * rp
             b = np.repeat(-r * r * r * g2 / M, Cg)
             k = np.repeat(-r * g1 / M, Cg)
-            dscale += (rp * sum_dyx).reshape(-1, C).sum(axis=0)
-            dB += sum_dy.reshape(-1, C).sum(axis=0)
+            if per_sample:
+                partials.append(((rp * sum_dyx).reshape(-1, C), sum_dy.reshape(-1, C)))
+            else:
+                dscale += (rp * sum_dyx).reshape(-1, C).sum(axis=0)
+                dB += sum_dy.reshape(-1, C).sum(axis=0)
         engine.grad_apply(xv, dyv, dxv, planes, per, *rounded(mu, a, b, k, X.dtype), path)
+    if per_sample:
+        return (_result(X, order, dx, out), np.concatenate([p[0] for p in partials]),
+                np.concatenate([p[1] for p in partials]))
     return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from normkernels.ops import common, group_normalization
 from normkernels.ops.common import ALL_FLOATS
+from normkernels.reference_lp import round_once
 
 ADA = "ada_layer_norm"
 ADA_GROUP = "ada_group_norm"
@@ -125,3 +126,117 @@ def ada_group_norm(X, shift, scale, *, num_groups, epsilon=1e-5, data_format="NC
     b = params["shift"].astype(np.float64).ravel()
     return group_normalization.normalize(label, X, s, b, G, eps, data_format, out, engine,
                                          path)[0]
+
+
+def ada_group_norm_backward(dY, X, shift, scale, *, num_groups, epsilon=1e-5,
+                            data_format="NCX", mean=None, inv_std=None, out=None, engine,
+                            path=None):
+    """Spec layer of :func:`normkernels.ada_group_norm_backward`: the group backward pass
+    with per-(n, c) ``gamma = 1 + scale``, whose per-sample sums are ``dscale`` and
+    ``dshift``."""
+    from normkernels.ops import backward
+
+    label = ADA_GROUP + "_backward"
+    X = common.as_array("X", X)
+    if X.ndim < 3:
+        raise ValueError(f"{label}: X must have at least 3 dimensions (N x C x D1 ...), got "
+                         f"shape {X.shape}")
+    common.check_data_format(label, data_format)
+    N, C = X.shape[0], common.channel_count(X, data_format)
+    params = {"shift": common.as_array("shift", shift), "scale": common.as_array("scale", scale)}
+    for name, p in params.items():
+        common.check_dtype(label, name, p, ALL_FLOATS)
+        if p.shape != (N, C):
+            raise ValueError(f"{label}: {name} must have shape ({N}, {C}) (one value per "
+                             f"sample and channel), got {p.shape}")
+    gamma = 1.0 + params["scale"].astype(np.float64)
+    dX, dscale, dshift = backward.group_backward(label, dY, X, gamma, num_groups, epsilon,
+                                                  mean, inv_std, data_format, out, engine,
+                                                  path, per_sample=True)
+    return dX, round_once(dshift, params["shift"].dtype), round_once(dscale, params["scale"].dtype)
+
+
+def ada_layer_norm_backward(dY, X, shift, scale, *, epsilon=EPSILON, residual=None, gate=None,
+                            dS=None, out=None, engine, path=None):
+    """Spec layer of :func:`normkernels.ada_layer_norm_backward`."""
+    from normkernels.dtypes import row_compute_dtype
+
+    label = ADA + "_backward"
+    eps = common.check_epsilon(label, epsilon)
+    X = common.as_array("X", X)
+    dY = common.as_array("dY", dY)
+    common.check_dtype(label, "X", X, ALL_FLOATS)
+    if X.ndim < 2:
+        raise ValueError(f"{label}: X must have at least 2 dimensions (N, ..., C), got "
+                         f"shape {X.shape}")
+    params = {"shift": common.as_array("shift", shift), "scale": common.as_array("scale", scale)}
+    if gate is not None:
+        if residual is None:
+            raise ValueError(f"{label}: gate scales X into the residual stream: it needs "
+                             "residual")
+        params["gate"] = common.as_array("gate", gate)
+    for name, p in params.items():
+        common.check_dtype(label, name, p, ALL_FLOATS)
+    tables = {name: _per_sample(label, name, p, X) for name, p in params.items()}
+    inputs = {"dY": dY}
+    if residual is not None:
+        inputs["residual"] = common.as_array("residual", residual)
+        if dS is not None:
+            inputs["dS"] = common.as_array("dS", dS)
+    elif dS is not None:
+        raise ValueError(f"{label}: dS is the gradient of the returned S: it needs residual")
+    for name, v in inputs.items():
+        if v.shape != X.shape or v.dtype != X.dtype:
+            raise ValueError(f"{label}: {name} must have X's shape and dtype ({X.shape}, "
+                             f"{X.dtype}), got ({v.shape}, {v.dtype})")
+    if out is not None:
+        common.check_out(label, out, X, params, {"X": X, **inputs})
+    N, C = X.shape[0], X.shape[-1]
+    T = math.prod(X.shape[1:-1])
+    if X.size == 0 or C == 0:
+        if X.size and C == 0:
+            raise ValueError(f"{label}: X of shape {X.shape} has rows of zero elements")
+        zeros = {name: np.zeros((N, C), p.dtype) for name, p in params.items()}
+        dX = np.empty_like(X) if out is None else out
+        if residual is None:
+            return dX, zeros["shift"], zeros["scale"]
+        return dX, np.empty_like(X), zeros.get("gate", None), zeros["shift"], zeros["scale"]
+    # 16-bit: the normalization's dX stays in float32 (computed from X widened exactly),
+    # so that dS + dLN and gate * (...) are rounded once
+    wide = residual is not None and X.dtype.itemsize == 2
+    cd = row_compute_dtype(X.dtype) if wide else X.dtype
+    src = np.ascontiguousarray(X)
+    if residual is not None:  # S as the forward computed it (rounded once to X's dtype)
+        S = np.empty(X.shape, X.dtype)
+        engine.gated_sums(src.reshape(-1), np.ascontiguousarray(inputs["residual"]).reshape(-1),
+                          tables.get("gate", np.ones((N, C))), S.reshape(-1), C, T, path)
+        src = S
+    src = src.astype(cd, copy=False).reshape(N, T, C)
+    dy = np.ascontiguousarray(dY, dtype=cd).reshape(N, T, C)
+    target = out if (residual is None and out is not None and out.flags.c_contiguous) else None
+    dln = (np.empty((N, T, C), cd) if target is None else target.reshape(N, T, C))
+    dscale, dshift = np.empty((N, C)), np.empty((N, C))
+    gamma = 1.0 + tables["scale"]
+    for n in range(N):  # one table per sample, as the forward
+        dscale[n], dshift[n] = engine.rows_backward(src[n], dy[n], dln[n], gamma[n], True, eps,
+                                                    None, path)
+    grads = (round_once(dshift, params["shift"].dtype), round_once(dscale, params["scale"].dtype))
+    if residual is None:
+        if out is None:
+            return (dln.reshape(X.shape), *grads)
+        if target is None:  # dln is a new array: copied into out
+            np.copyto(out, dln.reshape(X.shape))
+        return (out, *grads)
+    with np.errstate(all="ignore"):  # the residual stream: dR = dS_total, dX = gate dS_total
+        total = dln.astype(np.float64)
+        if dS is not None:
+            total += np.asarray(inputs["dS"], np.float64).reshape(N, T, C)
+        g = tables.get("gate", np.ones((N, C)))[:, None, :]
+        dX = round_once(g * total, X.dtype).reshape(X.shape)
+        dgate = (total * np.asarray(X, np.float64).reshape(N, T, C)).sum(axis=1)
+    dR = round_once(total, X.dtype).reshape(X.shape)
+    if out is not None:
+        np.copyto(out, dX)
+        dX = out
+    dgate = round_once(dgate, params["gate"].dtype) if "gate" in params else None
+    return dX, dR, dgate, *grads
