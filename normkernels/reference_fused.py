@@ -82,6 +82,18 @@ class EpilogueGradients:
                 raise ValueError(f"no derivative for activation {kind!r}")
             dz.reshape(-1)[...] = (dy.reshape(-1).astype(cd) * slope.reshape(-1)).astype(cd)
 
+    def gated_backward(self, dln, ds, x, gate, dres, dx, K, rows_per_gate, path=None):
+        cd, M = dln.dtype, x.size // K
+        with np.errstate(all="ignore"):
+            total = dln.reshape(M, K)
+            if ds is not None:
+                total = total + ds.reshape(M, K).astype(cd)
+            g = np.asarray(gate, cd).reshape(-1, K)[np.arange(M) // rows_per_gate]
+            dres.reshape(M, K)[...] = total.astype(dres.dtype)
+            dx.reshape(M, K)[...] = (g * total).astype(dx.dtype)
+            products = total.astype(np.float64) * x.reshape(M, K).astype(np.float64)
+        return products.reshape(-1, rows_per_gate, K).sum(axis=1).reshape(-1)
+
     def relu_mask(self, y, dy, dz, path=None):
         with np.errstate(invalid="ignore"):
             mask = y.reshape(-1).astype(np.float32) > 0

@@ -726,15 +726,19 @@ MUTATIONS = [
                  (EPI_BWD_SPEC, "return grads if res is None else (*grads, dZ)\n",
                   "return grads if res is None else (*grads, dY)\n")], EPI_BWD),
     mutation("residual-left-out-of-z/epilogue-backward", "Z recomputed without the "
-             "residual", [(EPI_BWD_SPEC, "        z = kernel_order(pre_activation(_widened(Xl, "
-                           "cd), _widened(res, cd)))", "        z = kernel_order(pre_activation("
+             "residual", [(EPI_BWD_SPEC, "        dz = kernel_order(pre_activation(_widened(Xl, "
+                           "cd), _widened(res, cd)))", "        dz = kernel_order(pre_activation("
                            "_widened(Xl, cd), None))")], EPI_BWD),
     mutation("sample-gamma/ada-group-norm-backward", "channels-last samples all take sample "
              "0's 1 + scale", [(BWD_SPEC, "            gamma = gammas[i]",
                                 "            gamma = gammas[0]")], EPI_BWD),
     mutation("ungated-dx/ada-layer-norm-backward", "dX of the gated residual leaves out the "
-             "gate", [(ADA_SPEC, "dX = round_once(g * total, X.dtype)",
-                       "dX = round_once(total, X.dtype)")], EPI_BWD),
+             "gate", [(SKIP_SUMS_K, "store(dx, i, gate[i] * total)", "store(dx, i, total)")],
+             EPI_BWD),
+    mutation("stream-gradient-dropped/ada-layer-norm-backward", "the gradient reaching S "
+             "from later layers (dS) left out of the residual stream's", [
+                 (SKIP_SUMS_K, "total = with_residual(ds, i, dln[i])", "total = dln[i]")],
+             EPI_BWD),
     # exact GELU (normkernels/kernels/erf.py)
     mutation("gelu-rounded-square/erf", "erfc's exp(-x^2) of a rounded x^2 (t * t, not the "
              "split th * th + tl (t + th)): an error growing as x^2", [

@@ -126,6 +126,13 @@ class Engine:
         """``dz = dy`` where ``y > 0``, else +0 (flat arrays of X's dtype)."""
         raise NotImplementedError
 
+    def gated_backward(self, dln, ds, x, gate, dres, dx, K, rows_per_gate, path=None):
+        """The gated residual's backward over rows of ``K``: ``dres = dln + ds`` (``ds``
+        None: 0) and ``dx = gate * dres`` in dln's dtype (``gate``: a row per
+        ``rows_per_gate`` rows), rounded once to X's dtype; returns float64 ``dgate``
+        (a row per ``rows_per_gate`` rows), ``sum(dres * x)`` over those rows."""
+        raise NotImplementedError
+
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         """Backward of a row normalization of C-contiguous ``M x K`` rows (statistics
         recomputed per row, or ``stats``: float64 ``(M, 2)`` of the caller's mean and

@@ -20,6 +20,7 @@ from normkernels.dtypes import (
 )
 from normkernels.engine import Engine, policy
 from normkernels.engine.numba_bind import BoundCalls
+from normkernels.engine.numba_gradients import EpilogueGradientLoops
 from normkernels.engine.numba_launch import (
     add_skip,
     column,
@@ -34,14 +35,7 @@ from normkernels.engine.numba_launch import (
 )
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import (
-    activation_grad,
-    backward_dx,
-    backward_sums,
-    inference,
-    instance,
-    rows,
-)
+from normkernels.kernels import backward_dx, backward_sums, inference, instance, rows
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import rows_split as split
@@ -57,7 +51,7 @@ def _views(x, y):
     return storage_view(x.ravel()), storage_view(y.ravel())
 
 
-class NumbaEngine(BoundCalls, Engine):
+class NumbaEngine(BoundCalls, EpilogueGradientLoops, Engine):
     """:class:`normkernels.engine.Engine` on the Numba kernels."""
 
     name = "numba"
@@ -404,22 +398,6 @@ class NumbaEngine(BoundCalls, Engine):
                     tables = [np.repeat(v, S) for v in (m, a, b, k)]
                     kernel_for(backward_dx.apply_rows, backward_dx.apply_rows_serial, path)(
                         xs, dys, dxs, P, rows, *tables)
-
-    def activation_grad(self, z, dy, dz, act, path=None):
-        dys = storage_view(dy.reshape(-1))
-        path = "serial" if policy.resolve_path(dys, path) == "serial" else "parallel"
-        took("activation_grad", path)
-        with launch_guard(path):
-            kernel_for(activation_grad.activation_grad, activation_grad.activation_grad_serial,
-                       path)(z.reshape(-1), dys, dz.reshape(-1), marker(act))
-
-    def relu_mask(self, y, dy, dz, path=None):
-        ys, dys, dzs = (storage_view(v.reshape(-1)) for v in (y, dy, dz))
-        path = "serial" if policy.resolve_path(dys, path) == "serial" else "parallel"
-        took("relu_mask", path)
-        with launch_guard(path):
-            kernel_for(activation_grad.relu_mask, activation_grad.relu_mask_serial, path)(
-                ys, dys, dzs)
 
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         M, K = x.shape

@@ -10,9 +10,11 @@ NXC ``(N, C)``: one row per sample) or one value per ``rows_per_skip`` rows (NCX
 ``(N, C)``: one value per plane). Work items are blocks of whole rows.
 """
 
+import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.activations import residual_slice, with_residual
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import row_load, store
 from normkernels.kernels.options import KERNEL_OPTIONS
@@ -79,3 +81,33 @@ def gated_sums(x, residual, gate, dest, K, rows_per_gate, rows_per_item):
 
 skip_sums_serial = serial_twin(skip_sums, **KERNEL_OPTIONS)
 gated_sums_serial = serial_twin(gated_sums, **KERNEL_OPTIONS)
+
+
+@njit(**KERNEL_OPTIONS)
+def _gated_back_row(dln, ds, x, gate, dres, dx, dgate):
+    for i in range(x.size):
+        # the residual stream's gradient in dln's dtype (float32 for 16-bit and float32 X)
+        total = with_residual(ds, i, dln[i])
+        dgate[i] += np.float64(total) * np.float64(row_load(x, i))  # before dx: may be x
+        store(dres, i, total)
+        store(dx, i, gate[i] * total)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def gated_backward(dln, ds, x, gate, dres, dx, dgate, K, rows_per_gate):
+    """The gated residual's backward (``S = residual + gate * x``): per row ``dres = dln
+    + ds`` (``ds`` None: 0) in dln's dtype, ``dx = gate * dres`` (``gate`` in dln's
+    dtype, one row of ``K`` per ``rows_per_gate`` rows: per sample), each rounded once
+    to X's dtype, and per sample and column ``dgate += dres * x`` in float64, summed
+    over the sample's rows in order (``dgate`` zeroed by the caller). Work items are
+    samples."""
+    M = x.size // K
+    for k in prange(M // rows_per_gate):
+        for r in range(k * rows_per_gate, (k + 1) * rows_per_gate):
+            _gated_back_row(dln[r * K:(r + 1) * K], residual_slice(ds, r * K, (r + 1) * K),
+                            x[r * K:(r + 1) * K], gate[k * K:(k + 1) * K],
+                            dres[r * K:(r + 1) * K], dx[r * K:(r + 1) * K],
+                            dgate[k * K:(k + 1) * K])
+
+
+gated_backward_serial = serial_twin(gated_backward, **KERNEL_OPTIONS)

@@ -84,9 +84,9 @@ def backward(label, dY, X, act, Y, res, data_format, pre_activation, normalizati
             mask = kernel_order(pre_activation(_widened(Xl, cd), _widened(res, cd)))
         engine.relu_mask(mask, dy, dz, path)
     else:
-        z = kernel_order(pre_activation(_widened(Xl, cd), _widened(res, cd)))
-        dz = np.empty(dy.shape, cd)
-        engine.activation_grad(z, dy, dz, act, path)
+        # Z is a new array in the compute dtype: dZ overwrites it, element by element
+        dz = kernel_order(pre_activation(_widened(Xl, cd), _widened(res, cd)))
+        engine.activation_grad(dz, dy, dz, act, path)
     dZ = dz.transpose(back)
     if dZ.dtype == X.dtype:
         dX, dscale, dB = normalization(dZ, Xl, out)

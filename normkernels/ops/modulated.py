@@ -227,15 +227,13 @@ def ada_layer_norm_backward(dY, X, shift, scale, *, epsilon=EPSILON, residual=No
         if target is None:  # dln is a new array: copied into out
             np.copyto(out, dln.reshape(X.shape))
         return (out, *grads)
-    with np.errstate(all="ignore"):  # the residual stream: dR = dS_total, dX = gate dS_total
-        total = dln.astype(np.float64)
-        if dS is not None:
-            total += np.asarray(inputs["dS"], np.float64).reshape(N, T, C)
-        g = tables.get("gate", np.ones((N, C)))[:, None, :]
-        dX = round_once(g * total, X.dtype).reshape(X.shape)
-        dgate = (total * np.asarray(X, np.float64).reshape(N, T, C)).sum(axis=1)
-    dR = round_once(total, X.dtype).reshape(X.shape)
-    if out is not None:
+    # the residual stream: dR = dS + dLN, dX = gate dR, dgate = sum over tokens of dR X
+    dR = np.empty(X.shape, X.dtype)
+    dX = out if out is not None and out.flags.c_contiguous else np.empty(X.shape, X.dtype)
+    dgate = engine.gated_backward(dln, None if dS is None else np.ascontiguousarray(dS),
+                                  np.ascontiguousarray(X), tables.get("gate", np.ones((N, C))),
+                                  dR, dX, C, T, path).reshape(N, C)
+    if out is not None and dX is not out:
         np.copyto(out, dX)
         dX = out
     dgate = round_once(dgate, params["gate"].dtype) if "gate" in params else None
