@@ -414,6 +414,11 @@ MUTATIONS = [
                  (INLINING, "\n_install_at_first_compile()\n",
                   "\n_install()\n")],
              ["tests/test_kernels.py", "-k", "inliner"]),
+    mutation("label-counter-kept", "Numba's IR label counter is not restarted at a "
+             "top-level compile (block names grow past LLVM's limit)", [
+                 (INLINING, "            if self.depth == 0:\n                _reset_labels()\n",
+                  "")],
+             ["tests/test_kernels.py", "-k", "label_counter"]),
     mutation("bind-copies-read-only-params", "a bound inference call copies small "
              "read-only parameters at binding (later contents unseen)", [
                  (BOUND, "        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), "

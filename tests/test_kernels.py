@@ -218,6 +218,33 @@ def test_inliner_patch_installs_at_first_compile_and_keeps_results(tmp_path):
     assert result.stdout.split() == ["False", "True", "True"]
 
 
+def test_a_top_level_compile_restarts_numba_label_counter():
+    """Numba's global IR label counter about doubles at every inlining of an
+    ``inline="always"`` helper; a process that compiles many kernels would end with
+    block names past LLVM's length limit. kernels/inlining.py restarts it at each
+    top-level compile: from a counter of 10^600 a kernel with inlined helpers still
+    compiles, gives the right answer, and leaves the counter small."""
+    result = _python("""
+        import numpy as np
+        import normkernels.kernels.cache
+        from numba import njit
+        from numba.core import ir_utils
+        from normkernels.kernels.activations import with_residual
+
+        @njit(cache=False)
+        def add(res, x):
+            out = np.empty_like(x)
+            for i in range(x.size):
+                out[i] = with_residual(res, i, with_residual(res, i, x[i]))
+            return out
+
+        ir_utils._the_max_label._value = 10**600
+        x = np.arange(5.0)
+        print(add(x, x).tolist() == (3 * x).tolist(), ir_utils._the_max_label._value < 10**6)
+    """)
+    assert result.stdout.split() == ["True", "True"]
+
+
 def test_cache_stamp_covers_every_kernel_source():
     """An edit to elements.py or vectors.py must invalidate cached kernels."""
     locator = scale_shift.scale_shift_planes_serial._cache._impl.locator

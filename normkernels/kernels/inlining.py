@@ -76,9 +76,28 @@ def _install():
     worker.inline_ir = inline_ir
 
 
+def _reset_labels():
+    """Numba's global IR label counter (``ir_utils._the_max_label``) about doubles at
+    each inlining of an ``inline="always"`` overload: the callee's labels, already as
+    large as the counter was when its IR was built, are offset by the counter's value.
+    One kernel compile adds about six decimal digits; after some tens of compiles in one
+    process the block names outgrow LLVM's name-length limit ("name is too long"). No
+    label needs to stay above the labels of a compile that has ended (every user of the
+    counter first raises it above the labels of the function it rewrites), so a
+    top-level compile starts it from 0, as the process's first compile does."""
+    try:
+        from numba.core import ir_utils
+        ir_utils._the_max_label._value = 0
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass
+
+
 def _install_at_first_compile():
     """Patch when Numba first compiles, not at import: importing Numba's inliner
-    costs 50 ms, which a process that only loads cached kernels never needs."""
+    costs 50 ms, which a process that only loads cached kernels never needs. The
+    listener also resets the label counter at each top-level compile (the event fires
+    under Numba's global compiler lock; nested compiles, of callees during typing,
+    only count the depth)."""
     try:
         from numba.core import event
         listener_base = event.Listener
@@ -91,12 +110,16 @@ def _install_at_first_compile():
             if not self.installed:
                 self.installed = True
                 _install()
+            if self.depth == 0:
+                _reset_labels()
+            self.depth += 1
 
         def on_end(self, ev):
-            pass
+            self.depth -= 1
 
     listener = _AtCompile()
     listener.installed = False
+    listener.depth = 0
     event.register("numba:compile", listener)
 
 
