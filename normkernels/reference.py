@@ -52,7 +52,9 @@ from normkernels.reference_fused import (
     gated_sums_rows,
     skip_sums_rows,
 )
+from normkernels.reference_gated import GatedTwins
 from normkernels.reference_lp import c_pow, lp_fold, round_once
+from normkernels.reference_quantized import QuantizedTwins
 from normkernels.reference_rows import (  # noqa: F401  (fold_rows: documented here)
     fold_rows,
     normalize_rows_from,
@@ -60,7 +62,7 @@ from normkernels.reference_rows import (  # noqa: F401  (fold_rows: documented h
 )
 
 
-class NumPyEngine(EpilogueGradients, Engine):
+class NumPyEngine(EpilogueGradients, GatedTwins, QuantizedTwins, Engine):
     """:class:`normkernels.engine.Engine` in NumPy (``path`` is accepted and has no
     effect: there is one way to run here)."""
 

@@ -13,6 +13,9 @@ One module per family, each function a one-line call of its spec function
   LpNormalization, LRN
 * :mod:`normkernels.api.backward`: the gradients of the ONNX-style operators
 * :mod:`normkernels.api.onednn`: oneDNN Graph's operations (inference and training)
+* :mod:`normkernels.api.llm`: LLM serving's fused residual add (in place);
+  :mod:`normkernels.api.gated`: the gated RMSNorm and QK-norm;
+  :mod:`normkernels.api.quantized`: normalizations with int8 and float8 outputs
 
 Every public function a family module defines is re-exported here
 (``normkernels.api.<name>``, found by the loop below: a new function needs no line
@@ -21,10 +24,10 @@ here) and loaded lazily as ``normkernels.<name>`` (named in ``normkernels.__all_
 
 import inspect
 
-from normkernels.api import backward, batch, groups, instance, onednn, rows
+from normkernels.api import backward, batch, gated, groups, instance, llm, onednn, quantized, rows
 
 __all__ = []
-for _family in (backward, batch, groups, instance, onednn, rows):
+for _family in (backward, batch, gated, groups, instance, llm, onednn, quantized, rows):
     for _name, _value in vars(_family).items():
         # the functions a family module defines (not those it imports)
         if (inspect.isfunction(_value) and not _name.startswith("_")

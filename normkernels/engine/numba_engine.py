@@ -20,6 +20,7 @@ from normkernels.dtypes import (
 )
 from normkernels.engine import Engine, policy
 from normkernels.engine.numba_bind import BoundCalls
+from normkernels.engine.numba_gated import GatedLoops
 from normkernels.engine.numba_gradients import EpilogueGradientLoops
 from normkernels.engine.numba_launch import (
     add_skip,
@@ -33,6 +34,7 @@ from normkernels.engine.numba_launch import (
     sample_moments,
     scale_shift_loops,
 )
+from normkernels.engine.numba_quantized import QuantizedLoops
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import backward_dx, backward_sums, inference, instance, rows
@@ -51,7 +53,7 @@ def _views(x, y):
     return storage_view(x.ravel()), storage_view(y.ravel())
 
 
-class NumbaEngine(BoundCalls, EpilogueGradientLoops, Engine):
+class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops, Engine):
     """:class:`normkernels.engine.Engine` on the Numba kernels."""
 
     name = "numba"
