@@ -15,7 +15,8 @@ __all__ = ["ada_group_norm", "ada_group_norm_backward", "ada_layer_norm",
            "layer_normalization", "layer_normalization_backward", "lp_normalization",
            "lrn", "mean_variance_normalization", "merge_moments", "moments",
            "ort_group_norm", "ort_skip_group_norm",
-           "partial_moments", "rms_norm", "rms_normalization",
+           "partial_moments", "quantized_layer_normalization",
+           "quantized_rms_normalization", "rms_norm", "rms_normalization",
            "rms_normalization_backward", "simplified_layer_normalization",
            "skip_layer_normalization", "skip_simplified_layer_normalization", "warmup"]
 

@@ -1,0 +1,278 @@
+"""Row normalizations with quantized outputs: vLLM's fused ``rms_norm_*_quant``.
+
+Per row ``r`` of ``K`` elements (flat storage arrays and row strides, as
+:mod:`normkernels.kernels.rows`):
+
+1. with a residual: ``res[r] = round_T(x[r] + res[r])`` (the sum in the compute dtype,
+   rounded once to the storage dtype), and the row normalized is ``res[r]``;
+2. float64 statistics (:func:`normkernels.kernels.rows.row_statistics`), folded into
+   compute-dtype scalars ``m, a, c`` by the rule of
+   :func:`normkernels.kernels.rows.fold_row` (here in the compute dtype: float32, or
+   float64 for float64 X);
+3. ``y = ((x - m) * a + c) * wt[k] + bt[k]`` in the compute dtype, kept in a per-row
+   scratch (never rounded to X's dtype), with ``wt = offset + w`` and ``bt = b`` (or
+   ``-0.0``: none), and ``max |y|`` per group of ``G`` columns;
+4. per group the scale ``s``: the static one, or ``float32(max|y| / qmax)`` clamped
+   above by ``scale_ub`` and below by ``floor``; then the quotient ``v`` in the
+   compute dtype, ``y * (1 / s)`` for int8 and ``y / s`` for float8 (vLLM's kernels:
+   the inverted scale for int8, the division for float8 "to match FBGemm"), and
+5. ``v`` quantized into ``q`` (uint8 storage): int8 rounds half to even and saturates
+   to [-128, 127] (a NaN counted in ``nans[r]``, stored as 127: the caller raises);
+   float8_e4m3fn saturates to +-448 and rounds to nearest even from the bits
+   (:func:`fp8_bits`), NaN stays NaN (``sign | 0x7f``).
+
+The y scratch is faster than recomputing y for the quotient (measured: bench notes
+of :mod:`bench.llm_quantized`).
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange, types
+from numba.core.extending import intrinsic, overload
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
+from normkernels.kernels.elements import compute_empty, load, store
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.rows import row_statistics
+
+INT8_MAX = 127.0
+FP8_MAX = 448.0
+LANES = 16  # independent maxima of |y| (order-free: max is exact)
+
+
+def _bitcast(source, target):
+    def typer(typingctx, value):
+        if value != source:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], context.get_value_type(target))
+
+        return target(source), codegen
+
+    return intrinsic(typer)
+
+
+f32_bits = _bitcast(types.float32, types.uint32)
+bits_f32 = _bitcast(types.uint32, types.float32)
+f64_bits = _bitcast(types.float64, types.uint64)
+bits_f64 = _bitcast(types.uint64, types.float64)
+
+
+@njit(**INLINE_OPTIONS)
+def fp8_from_f32(v):
+    """float8_e4m3fn bits of float32 ``v``: saturated to +-448 (infinities too), rounded
+    to nearest even; NaN -> ``sign | 0x7f``. Normal results (>= 2**-6) round the 20
+    dropped significand bits with ``0x7ffff + lsb`` and rebias the exponent (127 ->
+    7); smaller ones come from the float add ``|v| + 2**14``, whose ulp is the e4m3
+    subnormal step 2**-9."""
+    u = f32_bits(v)
+    sign = np.uint32((u >> np.uint32(24)) & np.uint32(0x80))
+    a = u & np.uint32(0x7FFFFFFF)
+    if a > np.uint32(0x7F800000):
+        return np.uint8(sign | np.uint32(0x7F))
+    a = min(a, np.uint32(0x43E00000))
+    if a >= np.uint32(0x3C800000):
+        lsb = (a >> np.uint32(20)) & np.uint32(1)
+        r = ((a + np.uint32(0x7FFFF) + lsb) >> np.uint32(20)) - np.uint32(120 << 3)
+    else:
+        r = f32_bits(bits_f32(np.uint32(a)) + np.float32(16384.0)) - np.uint32(0x46800000)
+    return np.uint8(sign | r)
+
+
+@njit(**INLINE_OPTIONS)
+def fp8_from_f64(v):
+    """:func:`fp8_from_f32` for float64 ``v`` (49 dropped bits; the subnormal add
+    ``|v| + 2**43``), one rounding from float64."""
+    u = f64_bits(v)
+    sign = np.uint64((u >> np.uint64(56)) & np.uint64(0x80))
+    a = u & np.uint64(0x7FFFFFFFFFFFFFFF)
+    if a > np.uint64(0x7FF0000000000000):
+        return np.uint8(sign | np.uint64(0x7F))
+    a = min(a, np.uint64(0x407C000000000000))
+    if a >= np.uint64(0x3F90000000000000):
+        lsb = (a >> np.uint64(49)) & np.uint64(1)
+        r = ((a + np.uint64((1 << 48) - 1) + lsb) >> np.uint64(49)) - np.uint64(1016 << 3)
+    else:
+        r = f64_bits(bits_f64(a) + 8796093022208.0) - np.uint64(1066 << 52)
+    return np.uint8(sign | r)
+
+
+def fp8_bits(v):
+    """float8_e4m3fn bits of a float32 or float64 scalar; ``@njit`` code only."""
+    raise NotImplementedError("fp8_bits is only callable from @njit code")
+
+
+@overload(fp8_bits, inline="always")
+def _fp8_bits_impl(v):
+    if v == types.float32:
+        return lambda v: fp8_from_f32(v)
+    if v == types.float64:
+        return lambda v: fp8_from_f64(v)
+    return None
+
+
+def int8_round(v):
+    """``v`` (float32 or float64) clipped to [-128, 127] (NaN -> 127) and rounded half
+    to even, as an integer; ``@njit`` code only."""
+    raise NotImplementedError("int8_round is only callable from @njit code")
+
+
+@overload(int8_round, inline="always")
+def _int8_round_impl(v):
+    if v not in (types.float32, types.float64):
+        return None
+    magic = 12582912.0 if v == types.float32 else 6755399441055744.0  # 1.5 * 2**(p - 1)
+    cast = np.float32 if v == types.float32 else np.float64
+
+    def impl(v):
+        c = v if v < cast(INT8_MAX) else cast(INT8_MAX)
+        c = c if c > cast(-128.0) else cast(-128.0)
+        return np.int32((c + cast(magic)) - cast(magic))
+
+    return impl
+
+
+@njit(**INLINE_OPTIONS)
+def _add_residual(x, xo, res, ro, K):
+    """``res[ro:ro+K] = round_T(x[xo:][:K] + res[ro:][:K])`` (slices from 0)."""
+    xs, rs = x[xo:xo + K], res[ro:ro + K]
+    for i in range(K):
+        store(rs, i, load(xs, i) + load(rs, i))
+
+
+@njit(**INLINE_OPTIONS)
+def _normalize(src, so, K, f, wt, bt, ys):
+    """``ys = ((x - m) * a + c) * wt + bt`` of row ``src[so:so+K]``, ``m, a, c`` in
+    ``f[0:3]``."""
+    xs = src[so:so + K]
+    m, a, c = f[0], f[1], f[2]
+    for i in range(K):
+        ys[i] = ((load(xs, i) - m) * a + c) * wt[i] + bt[i]
+
+
+@njit(**INLINE_OPTIONS)
+def _abs_max(ys, lo, hi, lanes):
+    """``max |ys[lo:hi]|`` (NaN ignored) in the compute dtype, by ``LANES`` maxima."""
+    v = ys[lo:hi]
+    n = hi - lo
+    lanes[:] = 0.0
+    body = n - n % LANES
+    for i in range(0, body, LANES):
+        for j in range(LANES):
+            t = abs(v[i + j])
+            lanes[j] = t if t > lanes[j] else lanes[j]
+    for i in range(body, n):
+        t = abs(v[i])
+        lanes[0] = t if t > lanes[0] else lanes[0]
+    best = lanes[0]
+    for j in range(1, LANES):
+        best = lanes[j] if lanes[j] > best else best
+    return best
+
+
+@njit(**INLINE_OPTIONS)
+def _quantize_group(ys, lo, hi, d, fp8, q, qo):
+    """``q[qo + i] = quant(ys[lo + i] op d)``: ``* d`` for int8, ``/ d`` for float8.
+    Returns the count of NaN quotients (int8)."""
+    v = ys[lo:hi]
+    qs = q[qo + lo:qo + hi]
+    nans = 0
+    if fp8:
+        for i in range(hi - lo):
+            qs[i] = fp8_bits(v[i] / d)
+        return 0
+    for i in range(hi - lo):
+        t = v[i] * d
+        nans += t != t
+        qs[i] = np.uint8(int8_round(t) & 0xFF)
+    return nans
+
+
+@njit(**INLINE_OPTIONS)
+def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub, floor, q, qo,
+         scales, so, ys, f, lanes, mean, var, nans, r):
+    src, sr = x, xo
+    if res.size:
+        _add_residual(x, xo, res, ro, K)
+        src, sr = res, ro
+    mu, v = row_statistics(src, sr, K, centered)
+    mean[r], var[r] = mu, v
+    inv = 1.0 / math.sqrt(v + epsilon)  # the fold of rows.fold_row, in the compute dtype
+    f[1] = inv
+    f[0] = mu if centered else 0.0
+    f[2] = -0.0
+    if centered and f.itemsize == 4 and math.isfinite(f[0]):
+        f[2] = -((mu - np.float64(f[0])) * inv)
+    _normalize(src, sr, K, f, wt, bt, ys)
+    qmax = FP8_MAX if fp8 else INT8_MAX
+    count = 0
+    for g in range(K // G):
+        lo = g * G
+        s = np.float32(static)
+        if static == 0.0:
+            s = np.float32(np.float64(_abs_max(ys, lo, lo + G, lanes)) / qmax)
+            s = s if s < scale_ub else scale_ub
+            s = s if s > floor else floor
+            scales[so + g] = s
+        f[3] = np.float64(s) if fp8 else 1.0 / np.float64(s)
+        count += _quantize_group(ys, lo, lo + G, f[3], fp8, q, qo)
+    nans[r] = count
+
+
+@njit(**INLINE_OPTIONS)
+def _tables(x, w, b, offset, K):
+    """``wt = offset + w`` (offset rounded to the compute dtype first) and ``bt = b``
+    (``-0.0`` when ``b`` is empty) in the compute dtype."""
+    wt, bt = compute_empty(x, K), compute_empty(x, K)
+    for k in range(K):
+        wt[k] = offset
+        wt[k] = wt[k] + load(w, k)
+        bt[k] = load(b, k) if b.size else -0.0
+    return wt, bt
+
+
+@njit(**KERNEL_OPTIONS)
+def prepare(x, w, b, offset, K):
+    """:func:`_tables` for the parallel kernel, not inlined in it."""
+    return _tables(x, w, b, offset, K)
+
+
+@njit(**KERNEL_OPTIONS)
+def quantize_item(x, xr, res, rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
+                  floor, q, scales, mean, var, nans, first, last):
+    """Rows ``first..last-1`` of :func:`quantize_rows`."""
+    ys = compute_empty(x, K)
+    f = compute_empty(x, 4)
+    lanes = compute_empty(x, LANES)
+    ng = K // G
+    for r in range(first, last):
+        _row(x, r * xr, res, r * rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
+             floor, q, r * K, scales, r * ng if static == 0.0 else 0, ys, f, lanes, mean, var,
+             nans, r)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def quantize_rows(x, xr, res, rr, w, b, K, G, epsilon, centered, offset, fp8, static, scale_ub,
+                  floor, q, scales, mean, var, nans, rows_per_item):
+    """Every row (``M = mean.size``), items of ``rows_per_item`` rows in parallel.
+
+    ``x``: storage, row ``r`` at ``r * xr``; ``res``: the residual (X's storage dtype,
+    row ``r`` at ``r * rr``; empty: none), updated in place; ``w``, ``b``: ``K`` values
+    of X's storage dtype (``b`` empty: none); ``offset`` added to ``w``; ``G`` the group
+    size (a divisor of ``K``); ``fp8``: float8_e4m3fn (else int8); ``static``: the
+    static scale (float32; 0: dynamic scales into ``scales[r * (K // G) + g]``);
+    ``scale_ub``, ``floor``: the dynamic scale's clamps (float32); ``q``: contiguous
+    ``M x K`` uint8; ``mean``, ``var``: the float64 statistics (var: the mean square
+    when not ``centered``); ``nans``: per row, the int8 NaN quotients."""
+    M = mean.size
+    wt, bt = prepare(x, w, b, offset, K)
+    for item in prange((M + rows_per_item - 1) // rows_per_item):
+        first = item * rows_per_item
+        quantize_item(x, xr, res, rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
+                      floor, q, scales, mean, var, nans, first, min(M, first + rows_per_item))
+
+
+quantize_rows_serial = serial_twin(quantize_rows, **KERNEL_OPTIONS)

@@ -1,0 +1,168 @@
+"""Row normalizations with quantized outputs (spec layer): vLLM's fused
+``rms_norm_static_fp8_quant``, ``rms_norm_dynamic_per_token_quant`` and
+``rms_norm_per_block_quant``, and the same for layer normalization.
+
+Per row of ``x`` (its last axis, ``hidden`` elements): float64 statistics, ``y =
+x_hat * (offset + weight) (+ bias)`` in float32 (float64 for float64 x) and never
+rounded to x's dtype, then ``q = quant(y / s)`` with a static scale or one scale per
+row (per ``group_size`` features with ``group_size``). The arithmetic is
+:mod:`normkernels.kernels.quantize`'s docstring; the argument rules are here.
+"""
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from normkernels.ops import common, rows
+from normkernels.ops.common import ALL_FLOATS
+
+RMS = "quantized_rms_normalization"
+LAYER = "quantized_layer_normalization"
+INT8 = np.dtype(np.int8)
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+QUANT_DTYPES = (INT8, FP8)
+# the dynamic scale's floor (vLLM's min_scaling_factor): float8 1 / (448 * 512), int8
+# float32's epsilon
+FLOORS = {INT8: float(np.finfo(np.float32).eps), FP8: 1.0 / (448.0 * 512.0)}
+
+
+def check_quant_dtype(label, dtype):
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        d = None
+    if d not in QUANT_DTYPES:
+        raise TypeError(f"{label}: dtype must be numpy.int8 or ml_dtypes.float8_e4m3fn, "
+                        f"got {dtype!r}")
+    return d
+
+
+def _positive_float32(label, name, value):
+    """A positive finite float whose float32 rounding is positive and finite too."""
+    number = common.check_float_attribute(label, name, value, positive=True)
+    f32 = np.float32(number)
+    if not (math.isfinite(f32) and f32 > 0):
+        raise ValueError(f"{label}: {name} must be a positive finite float32 value, got "
+                         f"{number} (float32: {f32})")
+    return number
+
+
+def _vector(label, name, value, x, hidden):
+    if value is None:
+        return None
+    p = common.as_array(name, value)
+    if p.dtype != x.dtype:
+        raise TypeError(f"{label}: {name} must have x's dtype {x.dtype}, got {p.dtype}")
+    if p.shape != (hidden,):
+        raise ValueError(f"{label}: {name} must have shape (hidden,) = ({hidden},), "
+                         f"got {p.shape}")
+    return np.ascontiguousarray(p)
+
+
+def _residual(label, residual, x):
+    if residual is None:
+        return None
+    if not isinstance(residual, np.ndarray):
+        raise TypeError(f"{label}: residual must be a numpy.ndarray (it is updated in "
+                        f"place), got {type(residual).__name__}")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"{label}: residual must have x's dtype {x.dtype}, got "
+                        f"{residual.dtype}")
+    if residual.shape != x.shape:
+        raise ValueError(f"{label}: residual must have x's shape {x.shape}, got "
+                         f"{residual.shape}")
+    if not residual.flags.writeable:
+        raise ValueError(f"{label}: residual is read-only (it is updated in place)")
+    if np.may_share_memory(residual, x) and np.shares_memory(residual, x):
+        raise ValueError(f"{label}: residual shares memory with x (residual is updated "
+                         "in place to x + residual; x must be left untouched)")
+    return residual
+
+
+def _group(label, group_size, hidden, static):
+    if group_size is None:
+        return hidden
+    if static:
+        raise ValueError(f"{label}: group_size applies to dynamic scales only "
+                         "(static_scale is given)")
+    if not common.is_integer(group_size):
+        raise TypeError(f"{label}: group_size must be an int, got "
+                        f"{type(group_size).__name__} {group_size!r}")
+    g = int(group_size)
+    if g < 1 or hidden % g:
+        raise ValueError(f"{label}: group_size must be a positive divisor of hidden "
+                         f"(x.shape[-1] = {hidden}), got {g}")
+    return g
+
+
+def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_scale,
+                            group_size, scale_ub, residual, offset, centered, engine,
+                            path=None):
+    """The checks, then ``engine.quantized_rows``: ``(q, scales)``."""
+    qd = check_quant_dtype(label, dtype)
+    x = common.as_array("x", x)
+    common.check_dtype(label, "x", x, ALL_FLOATS)
+    if x.ndim < 1:
+        raise ValueError(f"{label}: x must have rank >= 1 (rows over its last axis), "
+                         f"got a 0-d array")
+    eps = common.check_float_attribute(label, "epsilon", epsilon)
+    if eps < 0:
+        raise ValueError(f"{label}: epsilon must be >= 0, got {eps}")
+    off = common.check_float_attribute(label, "offset", offset)
+    static = None if static_scale is None else _positive_float32(label, "static_scale",
+                                                                 static_scale)
+    if scale_ub is not None and static is not None:
+        raise ValueError(f"{label}: scale_ub applies to dynamic scales only "
+                         "(static_scale is given)")
+    ub = None if scale_ub is None else _positive_float32(label, "scale_ub", scale_ub)
+    hidden = x.shape[-1]
+    M = x.size // hidden if hidden else 0
+    if hidden == 0 and math.prod(x.shape[:-1]) > 0:
+        raise ValueError(f"{label}: x of shape {x.shape} has rows of zero elements: "
+                         "their statistics are undefined")
+    w = _vector(label, "weight", weight, x, hidden)
+    if w is None:
+        raise TypeError(f"{label}: weight is required, got None")
+    b = _vector(label, "bias", bias, x, hidden)
+    res = _residual(label, residual, x)
+    group = _group(label, group_size, hidden, static is not None)
+    q = np.empty((M, hidden), np.uint8)
+    scales = None
+    if static is None:
+        scales = np.empty((*x.shape[:-1], hidden // max(group, 1)), np.float32)
+    if M:
+        xr = rows.rows_in(x, M, hidden)
+        rr = None if res is None else rows.rows_in(res, M, hidden)
+        _, _, nans = engine.quantized_rows(xr, w, b, rr, q, scales, eps, centered, off,
+                                           qd == FP8, static, group, ub, FLOORS[qd], path)
+        if rr is not None and not np.may_share_memory(rr, res):  # rows were a copy
+            res[...] = rr.reshape(res.shape)
+        if nans:
+            raise ValueError(f"{label}: x has {nans} element(s) whose quantized value is "
+                             "NaN (a NaN in x, residual or the parameters, or an infinite "
+                             "scale); int8 has no NaN (float8_e4m3fn keeps it)")
+    out = q.reshape(x.shape).view(qd)
+    if static is not None:
+        return out, np.array(static, np.float32)
+    return out, scales
+
+
+def quantized_rms_normalization(x, weight, *, dtype, epsilon=1e-6, static_scale=None,
+                                group_size=None, scale_ub=None, residual=None, offset=0.0,
+                                engine, path=None):
+    """Spec layer of :func:`normkernels.quantized_rms_normalization`."""
+    return quantized_normalization(RMS, x, weight, None, dtype=dtype, epsilon=epsilon,
+                                   static_scale=static_scale, group_size=group_size,
+                                   scale_ub=scale_ub, residual=residual, offset=offset,
+                                   centered=False, engine=engine, path=path)
+
+
+def quantized_layer_normalization(x, weight, bias=None, *, dtype, epsilon=1e-6,
+                                  static_scale=None, group_size=None, scale_ub=None,
+                                  residual=None, offset=0.0, engine, path=None):
+    """Spec layer of :func:`normkernels.quantized_layer_normalization`."""
+    return quantized_normalization(LAYER, x, weight, bias, dtype=dtype, epsilon=epsilon,
+                                   static_scale=static_scale, group_size=group_size,
+                                   scale_ub=scale_ub, residual=residual, offset=offset,
+                                   centered=True, engine=engine, path=path)
