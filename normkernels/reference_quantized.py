@@ -50,12 +50,12 @@ def int8_values(v):
     return np.rint(c).astype(np.int8)
 
 
-def quantize_rows_from(src, w, b, q, scales, epsilon, centered, offset, fp8, static, group,
-                       scale_ub, floor, mean, var):
-    """The quantized rows of ``src`` (``M x K``, after any residual add) from float64
-    per-row ``mean`` and ``var`` (mean square when not ``centered``) into ``q`` (uint8
-    storage) and ``scales`` (dynamic: ``M x (K // group)`` float32): the kernels' bits.
-    Returns the count of NaN quotients (int8 only)."""
+def quotients(src, w, b, epsilon, centered, offset, fp8, static, group, scale_ub, floor,
+              mean, var):
+    """The kernels' quotients ``v`` (``M x (K // group) x group`` in the compute dtype:
+    ``y * float32(1 / s)`` for int8, ``y / s`` for float8) and float32 scales ``s``
+    (``M x (K // group)``) of the rows of ``src`` from float64 per-row ``mean`` and
+    ``var`` (the mean square when not ``centered``): their arithmetic, bit for bit."""
     M, K = src.shape
     cd = compute_dtype(src.dtype)
     with np.errstate(all="ignore"):
@@ -74,17 +74,28 @@ def quantize_rows_from(src, w, b, q, scales, epsilon, centered, offset, fp8, sta
             s = (amax.astype(FLOAT64) / (FP8_MAX if fp8 else INT8_MAX)).astype(FLOAT32)
             s = np.minimum(s, np.float32(np.inf if scale_ub is None else scale_ub))
             s = np.maximum(s, np.float32(floor))
-            scales.reshape(M, -1)[...] = s
         else:
             s = np.full((M, K // group), static, FLOAT32)
         if fp8:
-            v = groups / s.astype(cd)[:, :, None]
-            q.reshape(M, K // group, group)[...] = fp8_bits(v)
-            return 0
-        d = (1.0 / s.astype(FLOAT64)).astype(cd)
-        v = groups * d[:, :, None]
-        q.reshape(M, K // group, group)[...] = int8_values(v).view(np.uint8)
-        return int(np.isnan(v).sum())
+            return groups / s.astype(cd)[:, :, None], s
+        return groups * (1.0 / s.astype(FLOAT64)).astype(cd)[:, :, None], s
+
+
+def quantize_rows_from(src, w, b, q, scales, epsilon, centered, offset, fp8, static, group,
+                       scale_ub, floor, mean, var):
+    """The quantized rows of ``src`` (``M x K``, after any residual add) from float64
+    per-row ``mean`` and ``var`` into ``q`` (uint8 storage) and ``scales`` (dynamic:
+    ``M x (K // group)`` float32): the kernels' bits. Returns the count of NaN
+    quotients (int8 only)."""
+    v, s = quotients(src, w, b, epsilon, centered, offset, fp8, static, group, scale_ub,
+                     floor, mean, var)
+    if static is None:
+        scales.reshape(s.shape)[...] = s
+    if fp8:
+        q.reshape(v.shape)[...] = fp8_bits(v)
+        return 0
+    q.reshape(v.shape)[...] = int8_values(v).view(np.uint8)
+    return int(np.isnan(v).sum())
 
 
 def row_statistics(src, centered):

@@ -41,7 +41,8 @@ def check_quant_dtype(label, dtype):
 def _positive_float32(label, name, value):
     """A positive finite float whose float32 rounding is positive and finite too."""
     number = common.check_float_attribute(label, name, value, positive=True)
-    f32 = np.float32(number)
+    with np.errstate(over="ignore"):
+        f32 = np.float32(number)
     if not (math.isfinite(f32) and f32 > 0):
         raise ValueError(f"{label}: {name} must be a positive finite float32 value, got "
                          f"{number} (float32: {f32})")
