@@ -1,6 +1,104 @@
 """The Numba engine's loops of the gated RMSNorm and of QK-norm (a mixin of
-:class:`normkernels.engine.numba_engine.NumbaEngine`)."""
+:class:`normkernels.engine.numba_engine.NumbaEngine`).
+
+Arrays arrive from the spec layer as 2-D ``M x K`` views whose rows are contiguous
+(any row stride); they reach the kernels as flat storage arrays with row strides
+(:func:`normkernels.engine.numba_launch.flat_rows`). Routes (``policy.took``):
+``gated/<path>``, ``gated_backward/<path>``, ``qk_norm/<path>``, path serial or
+parallel (streaming runs the parallel kernel).
+"""
+
+import numpy as np
+
+from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
+from normkernels.engine import policy
+from normkernels.engine.numba_launch import flat_rows, kernel_for
+from normkernels.engine.policy import took
+from normkernels.engine.threads import launch_guard
+from normkernels.kernels import gated as gated_kernels
+from normkernels.kernels import qk_norm as qk_kernels
+
+
+def _path(arr, path):
+    return "serial" if policy.resolve_path(arr, path) == "serial" else "parallel"
+
+
+def tables(weight, bias, dtype):
+    """The column tables of ``weight`` and ``bias`` (None: ``-0.0``, which adds
+    nothing) in ``dtype``."""
+    w = np.ascontiguousarray(weight, dtype)
+    b = (np.full(w.size, -0.0, dtype) if bias is None
+         else np.ascontiguousarray(bias, dtype))
+    return w, b
+
+
+def merge_partials(parts):
+    """The sum over the items' partial sums (``n_items x K``), in item order."""
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p
+    return total
 
 
 class GatedLoops:
-    pass
+    def gated_rms(self, x, z, y, weight, bias, G, epsilon, before, path=None):
+        """``y`` (``M x K``) from ``x`` and the gate ``z``; returns the float64 mean
+        square of each group (``M * K / G``, row-major)."""
+        M, K = x.shape
+        w, b = tables(weight, bias, compute_dtype(x.dtype))
+        var = np.empty(M * (K // G))
+        xs, xr = flat_rows(x)
+        zs, zr = flat_rows(z)
+        ys, yr = flat_rows(y)
+        path = _path(xs, path)
+        took("gated", path)
+        with launch_guard(path):
+            if path == "serial":
+                gated_kernels.gated_forward_serial(xs, xr, zs, zr, ys, yr, w, b, G,
+                                                   epsilon, before, var)
+            else:
+                gated_kernels.gated_forward_parallel(xs, xr, zs, zr, ys, yr, w, b, G,
+                                                     epsilon, before, var,
+                                                     gated_kernels.rows_per_item(K))
+        return var
+
+    def gated_rms_backward(self, dy, x, z, weight, bias, G, epsilon, before, dx, dz,
+                           path=None):
+        """``dx``, ``dz`` (contiguous ``M x K``) and ``(dweight, dbias, var)`` in
+        float64 (the sums over rows)."""
+        M, K = x.shape
+        w, b = tables(weight, bias, FLOAT64)
+        var = np.empty(M * (K // G))
+        per_item = gated_kernels.rows_per_item(K)
+        n_items = max(1, -(-M // per_item))
+        dwp, dbp = np.zeros(n_items * K), np.zeros(n_items * K)
+        dys, dyr = flat_rows(dy)
+        xs, xr = flat_rows(x)
+        zs, zr = flat_rows(z)
+        path = _path(xs, path)
+        took("gated_backward", path)
+        with launch_guard(path):
+            kernel_for(gated_kernels.gated_backward_parallel,
+                       gated_kernels.gated_backward_serial, path)(
+                dys, dyr, xs, xr, zs, zr, w, b, G, epsilon, before, var,
+                storage_view(dx.reshape(-1)), storage_view(dz.reshape(-1)), dwp, dbp, per_item)
+        return (merge_partials(dwp.reshape(n_items, K)), merge_partials(dbp.reshape(n_items, K)),
+                var)
+
+    def qk_rms(self, qkv, q_weight, k_weight, nq, nk, epsilon, llama, path=None):
+        """QK-norm of the ``M x W`` rows of ``qkv`` in place; returns the float64 mean
+        square of each q and k head (``M * (nq + nk)``)."""
+        M, W = qkv.shape
+        cd = compute_dtype(qkv.dtype)
+        qw, kw = np.ascontiguousarray(q_weight, cd), np.ascontiguousarray(k_weight, cd)
+        var = np.empty(M * (nq + nk))
+        xs, xr = flat_rows(qkv)
+        path = _path(xs, path)
+        took("qk_norm", path)
+        with launch_guard(path):
+            if path == "serial":
+                qk_kernels.qk_norm_serial(xs, xr, M, qw, kw, nq, nk, epsilon, llama, var)
+            else:
+                qk_kernels.qk_norm_parallel(xs, xr, M, qw, kw, nq, nk, epsilon, llama, var,
+                                            qk_kernels.rows_per_item(W))
+        return var

@@ -1,0 +1,211 @@
+"""The gated RMSNorm of Mamba-2 and Qwen3-Next (mamba_ssm's ``RMSNormGated``): forward
+and backward loops over rows.
+
+Rows of ``K`` elements (row ``r`` of a flat storage array ``x`` at ``r * xr``, of the
+gate ``z`` at ``r * zr``), normalized in groups of ``G`` contiguous elements (``K / G``
+groups; ``G = K``: the whole row). Per group the mean square is float64
+(:func:`normkernels.kernels.rows.row_statistics`) and ``a = 1 / sqrt(ms + epsilon)`` is
+rounded once to the compute dtype ``cd`` (float32 for 16-bit and float32 X, float64 for
+float64 X), the dtype of the column tables ``w`` and ``b`` (no bias: ``b = -0.0``,
+which adds nothing). SiLU is the package's (:func:`normkernels.kernels.activations.
+activate`: ``z * sigmoid(z)``, the same bits on every CPU).
+
+* ``before`` (``norm_before_gate=True``): ``y = ((x * a) * w + b) * silu(z)``;
+* not ``before``: ``u = x * silu(z)`` (compute dtype, not rounded to X's dtype: mamba_ssm
+  keeps it in float32), the statistics of ``u``, ``y = (u * a) * w + b``.
+
+Y is rounded once to its storage dtype. The backward loops work in float64 throughout
+(see :func:`gated_backward_parallel`). Parallel kernels split the rows in blocks of
+``rows_per_item`` rows (fixed by the shape alone, so the bits never depend on the
+thread count); each has a one-thread twin with the same source.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange, types
+from numba.core.extending import intrinsic
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.activations import SILU, activate, sigmoid
+from normkernels.kernels.elements import load, store
+from normkernels.kernels.lp import store_rounded
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.rows import row_statistics
+
+BLOCK_ELEMENTS = 1 << 15  # elements of the rows of one parallel work item
+
+
+def rows_per_item(K):
+    """Rows per parallel work item for rows of ``K`` elements (the shape alone decides
+    it: the backward partial sums then merge in the same order for any thread count)."""
+    return max(1, BLOCK_ELEMENTS // max(K, 1))
+
+
+@intrinsic
+def sigmoid_of(typingctx, value):
+    """The package's ``sigmoid(value)`` (float32 or float64): the factor of
+    :func:`activate`'s SiLU, so ``z * sigmoid_of(z)`` is its SiLU bit for bit."""
+    if value not in (types.float32, types.float64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return sigmoid(builder, args[0])
+
+    return value(value), codegen
+
+
+@njit(**INLINE_OPTIONS)
+def _inverse(ms, epsilon, av):
+    """``1 / sqrt(ms + epsilon)`` in float64, rounded once to ``av``'s dtype."""
+    av[0] = 1.0 / math.sqrt(ms + epsilon)
+    return av[0]
+
+
+@njit(**INLINE_OPTIONS)
+def _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, last):
+    K = w.size
+    groups = K // G
+    av = np.empty(1, w.dtype)
+    u = np.empty(0 if before else K, w.dtype)
+    for r in range(first, last):
+        xo, zo, yo = r * xr, r * zr, r * yr
+        if before:
+            for g in range(groups):
+                ms = row_statistics(x, xo + g * G, G, False)[1]
+                var[r * groups + g] = ms
+                a = _inverse(ms, epsilon, av)
+                for k in range(g * G, g * G + G):
+                    v = (load(x, xo + k) * a) * w[k] + b[k]
+                    store(y, yo + k, v * activate(SILU, load(z, zo + k)))
+        else:
+            for k in range(K):
+                u[k] = load(x, xo + k) * activate(SILU, load(z, zo + k))
+            for g in range(groups):
+                ms = row_statistics(u, g * G, G, False)[1]
+                var[r * groups + g] = ms
+                a = _inverse(ms, epsilon, av)
+                for k in range(g * G, g * G + G):
+                    store(y, yo + k, (u[k] * a) * w[k] + b[k])
+
+
+@njit(**KERNEL_OPTIONS)
+def gated_forward_serial(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var):
+    """Every row on one thread: Y into ``y`` (row stride ``yr``), the mean square of
+    each group into ``var`` (float64, ``M * K / G``). ``w``, ``b``: compute-dtype
+    tables of ``K``; ``before``: ``norm_before_gate``."""
+    M = var.size // (w.size // G)
+    _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, 0, M)
+
+
+@njit(**KERNEL_OPTIONS)
+def _forward_item(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, last):
+    _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, last)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def gated_forward_parallel(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, per_item):
+    """:func:`gated_forward_serial`, blocks of ``per_item`` rows in parallel."""
+    M = var.size // (w.size // G)
+    for item in prange((M + per_item - 1) // per_item):
+        first = item * per_item
+        _forward_item(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first,
+                      min(M, first + per_item))
+
+
+@njit(**INLINE_OPTIONS)
+def _slope(zv, s):
+    """``silu'(z) = s (1 + z (1 - s))`` with ``s = sigmoid(z)``."""
+    return s * (1.0 + zv * (1.0 - s))
+
+
+@njit(**KERNEL_OPTIONS)
+def _put(arr, i, value):
+    """:func:`store_rounded`, called (not inlined: inlined into the row loops, its
+    round-to-odd tripped Numba's IR scope check)."""
+    store_rounded(arr, i, value)
+
+
+@njit(**INLINE_OPTIONS)
+def _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
+                   first, last):
+    K = w.size
+    groups = K // G
+    u, g_, xh = np.empty(K), np.empty(K), np.empty(K)
+    for r in range(first, last):
+        xo, zo, dyo, o = r * xr, r * zr, r * dyr, r * K
+        for k in range(K):
+            u[k] = np.float64(load(x, xo + k))
+            if not before:
+                zv = np.float64(load(z, zo + k))
+                u[k] = u[k] * (zv * sigmoid_of(zv))
+        for g in range(groups):
+            ms = row_statistics(u, g * G, G, False)[1]
+            var[r * groups + g] = ms
+            rs = 1.0 / math.sqrt(ms + epsilon)
+            c = -0.0  # adds nothing: the sum is its terms' (the twin's cumsum)
+            for k in range(g * G, g * G + G):
+                h = u[k] * rs
+                d = np.float64(load(dy, dyo + k))
+                if before:
+                    zv = np.float64(load(z, zo + k))
+                    s = sigmoid_of(zv)
+                    _put(dz, o + k, (d * (h * w[k] + b[k])) * _slope(zv, s))
+                    d = d * (zv * s)
+                dbp[k] += d
+                dwp[k] += d * h
+                gk = d * w[k]
+                g_[k] = gk
+                xh[k] = h
+                c += h * gk
+            c = c / G
+            for k in range(g * G, g * G + G):
+                du = (g_[k] - xh[k] * c) * rs
+                if before:
+                    _put(dx, o + k, du)
+                else:
+                    zv = np.float64(load(z, zo + k))
+                    s = sigmoid_of(zv)
+                    _put(dz, o + k, (du * np.float64(load(x, xo + k))) * _slope(zv, s))
+                    _put(dx, o + k, du * (zv * s))
+
+
+@njit(**KERNEL_OPTIONS)
+def _backward_item(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
+                   first, last):
+    _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
+                   first, last)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def gated_backward_parallel(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
+                            dwp, dbp, per_item):
+    """The gradient, in float64 throughout (``w``, ``b``: float64 tables): per group
+    ``h = u * rs`` (``u = x`` or ``x * silu(z)``, ``rs = 1 / sqrt(ms + epsilon)``, the
+    mean square ``ms`` of the float64 ``u`` into ``var``); ``before``: ``dz = dy (h w +
+    b) silu'(z)`` and ``d = dy silu(z)``, else ``d = dy``; ``g = d w``, ``c = sum(h
+    g) / G`` (in order), ``du = (g - h c) rs``; ``dx = du`` (before) or ``du silu(z)``
+    with ``dz = du x silu'(z)``. dx and dz (contiguous ``M x K``) rounded once
+    (16-bit: by round-to-odd through float32, :func:`normkernels.kernels.lp.store_rounded`). Item
+    ``i`` adds ``d`` and ``d h`` of its rows, in order, into ``dbp[i]`` and ``dwp[i]``
+    (``n_items x K``, zeros)."""
+    M = var.size // (w.size // G)
+    K = w.size
+    for item in prange((M + per_item - 1) // per_item):
+        first = item * per_item
+        _backward_item(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
+                       dwp[item * K:item * K + K], dbp[item * K:item * K + K], first,
+                       min(M, first + per_item))
+
+
+@njit(**KERNEL_OPTIONS)
+def gated_backward_serial(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp,
+                          dbp, per_item):
+    """:func:`gated_backward_parallel` on one thread (the same items, in order)."""
+    M = var.size // (w.size // G)
+    K = w.size
+    for item in range((M + per_item - 1) // per_item):
+        first = item * per_item
+        _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
+                       dwp[item * K:item * K + K], dbp[item * K:item * K + K], first,
+                       min(M, first + per_item))

@@ -1,0 +1,82 @@
+"""Per-head RMSNorm of q and k in a packed qkv (Qwen3, OLMo-2 per head, Gemma-3), in
+place.
+
+Row ``r`` of the flat storage array ``x`` (at ``r * xr``) holds ``nq`` q heads, then
+``nk`` k heads, then the v heads (never read nor written), each ``D`` contiguous
+elements. Per head: the float64 mean square (:func:`normkernels.kernels.rows.
+row_statistics`), ``a = 1 / sqrt(ms + epsilon)`` rounded once to the compute dtype
+(float32 for 16-bit and float32 X, float64 for float64 X; the dtype of the weight
+tables ``qw`` and ``kw``), then per element, in place:
+
+* ``llama`` False (the package's rule): ``x = round_T((x * a) * w)``;
+* ``llama`` True (Hugging Face's ``Qwen3RMSNorm``: ``weight * h.to(input_dtype)``):
+  ``x = round_T(x * a)`` first, then ``x = round_T(x * w)`` (the product of two values
+  of T is exact in float32, so this is torch's ``T * T``).
+
+A head's statistics are read before any of its elements is written.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.elements import load, store
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.rows import row_statistics
+
+BLOCK_ELEMENTS = 1 << 15  # elements of the rows of one parallel work item
+
+
+def rows_per_item(W):
+    """Rows per parallel work item for rows of ``W`` elements."""
+    return max(1, BLOCK_ELEMENTS // max(W, 1))
+
+
+@njit(**INLINE_OPTIONS)
+def _head(x, o, D, w, epsilon, llama, av, var, j):
+    ms = row_statistics(x, o, D, False)[1]
+    var[j] = ms
+    av[0] = 1.0 / math.sqrt(ms + epsilon)
+    a = av[0]
+    if llama:
+        for i in range(D):
+            store(x, o + i, load(x, o + i) * a)
+        for i in range(D):
+            store(x, o + i, load(x, o + i) * w[i])
+    else:
+        for i in range(D):
+            store(x, o + i, (load(x, o + i) * a) * w[i])
+
+
+@njit(**INLINE_OPTIONS)
+def _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
+    D = qw.size
+    av = np.empty(1, qw.dtype)
+    for r in range(first, last):
+        j = r * (nq + nk)
+        for h in range(nq):
+            _head(x, r * xr + h * D, D, qw, epsilon, llama, av, var, j + h)
+        for h in range(nq, nq + nk):
+            _head(x, r * xr + h * D, D, kw, epsilon, llama, av, var, j + h)
+
+
+@njit(**KERNEL_OPTIONS)
+def qk_norm_serial(x, xr, M, qw, kw, nq, nk, epsilon, llama, var):
+    """The ``M`` rows on one thread; the mean square of each head into ``var`` (float64,
+    ``M * (nq + nk)``, row-major)."""
+    _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, 0, M)
+
+
+@njit(**KERNEL_OPTIONS)
+def _item(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
+    _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last)
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def qk_norm_parallel(x, xr, M, qw, kw, nq, nk, epsilon, llama, var, per_item):
+    """:func:`qk_norm_serial`, blocks of ``per_item`` rows in parallel."""
+    for item in prange((M + per_item - 1) // per_item):
+        first = item * per_item
+        _item(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, min(M, first + per_item))
