@@ -129,7 +129,7 @@ class NumPyEngine(EpilogueGradients, GatedTwins, QuantizedTwins, Engine):
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None, act=None, res=None):
+                       sums=None, path=None, act=None, res=None, rounding="once"):
         M = x.shape[0]
         if skip is not None:
             x = skip_sums(x, skip, bias)
@@ -143,7 +143,7 @@ class NumPyEngine(EpilogueGradients, GatedTwins, QuantizedTwins, Engine):
             else:
                 mean = np.zeros(M)
                 var = (wide * wide).mean(axis=1)
-        normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act, res)
+        normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act, res, rounding)
         return mean, var
 
     def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None,

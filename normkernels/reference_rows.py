@@ -22,17 +22,21 @@ def skip_sums(x, skip, bias):
         return total.astype(x.dtype)
 
 
-def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act=None, res=None):
+def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act=None, res=None,
+                        rounding="once"):
     """Y of a row normalization from the per-row float64 ``mean`` and ``var`` (the
     mean square when not centred): the kernels' arithmetic, bit for bit. The epilogue:
     the residual ``res`` (x's shape and dtype; None: none) added in the row compute
     dtype, then the activation ``act`` in the activations' compute dtype (the value
-    rounded to float32 first for float32 x), the twin's own (NumPy's ``exp``)."""
+    rounded to float32 first for float32 x), the twin's own (NumPy's ``exp``).
+    ``rounding="llama"`` rounds the normalized value to y's dtype before the scale."""
     m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
     cd = m.dtype
     b = np.full(x.shape[1], -0.0, cd) if B is None else B.astype(cd)
     with np.errstate(all="ignore"):
         normalized = (x.astype(cd) - m[:, None]) * a[:, None] + c[:, None]
+        if rounding == "llama":
+            normalized = normalized.astype(y.dtype).astype(cd)
         result = normalized * scale.astype(cd) + b
         if res is not None:
             result = result + res.astype(cd)

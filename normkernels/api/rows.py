@@ -64,7 +64,7 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
 
 
 def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23,
-                      activation=None, add=None, out=None):
+                      activation=None, add=None, offset=0.0, rounding="once", out=None):
     """ONNX RMSNormalization-23.
 
     Per row (the axes ``axis, ...``): ``Y = X / sqrt(mean(X**2) + epsilon) * scale``.
@@ -84,6 +84,18 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23
     add : ndarray, optional
         A residual of X's shape and dtype added before the activation: ``Y =
         act(normalized * scale + add)`` (a package extension).
+    offset : float
+        Gemma's zero-centred weight (a package extension): ``Y = normalized * (offset +
+        scale)``, the sum computed in float32 (float64 when X or scale is float64) as
+        Hugging Face's GemmaRMSNorm computes ``1 + weight``; ``offset=1.0`` is Gemma's.
+    rounding : {"once", "llama"}
+        Where Y is rounded (a package extension). "once" (default): ``normalized *
+        scale`` in float32 (float64 for float32 and float64 X), rounded once to V.
+        "llama": the normalized value is rounded to V first, then multiplied by scale
+        and rounded again, ``round_V(round_V(normalized) * scale)``: Hugging Face's
+        LlamaRMSNorm (``weight * hidden.to(input_dtype)``) and vLLM's ``rms_norm``.
+        For 16-bit V the two differ in the last bit of about a quarter of the values;
+        for float64 they are the same.
     out : ndarray, optional
         Where to write Y (X's shape, scale's dtype).
 
@@ -93,8 +105,8 @@ def rms_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1, opset=23
     rejects) ``normalized * scale`` is computed in the wider dtype and rounded once.
     """
     return _rms.rms_normalization(X, scale, axis=axis, epsilon=epsilon, stash_type=stash_type,
-                                  opset=opset, activation=activation, add=add, out=out,
-                                  engine=ENGINE)
+                                  opset=opset, activation=activation, add=add, offset=offset,
+                                  rounding=rounding, out=out, engine=ENGINE)
 
 
 def simplified_layer_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_type=1,
@@ -109,7 +121,7 @@ def simplified_layer_normalization(X, scale, *, axis=-1, epsilon=1e-5, stash_typ
 
 
 def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilon=1e-12,
-                             num_outputs=1, out=None):
+                             num_outputs=1, rounding="once", out=None):
     """onnxruntime's SkipLayerNormalization (com.microsoft): layer normalization over the
     last axis of ``s = input + skip (+ bias)``, fused in one pass.
 
@@ -125,6 +137,9 @@ def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilo
     num_outputs : int
         1 to 4: output, mean, inv_std_var (float32, ``input.shape[:-1] + (1,)``),
         input_skip_bias_sum (``s`` in input's dtype).
+    rounding : {"once", "llama"}
+        A package extension: "llama" rounds the normalized value to T before gamma
+        multiplies it (see :func:`rms_normalization`).
     out : ndarray, optional
         Where to write output; may be ``input``.
 
@@ -132,18 +147,20 @@ def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilo
     layer normalization of ``input_skip_bias_sum``.
     """
     return _skip.skip_layer_normalization(input, skip, gamma, beta, bias, epsilon=epsilon,
-                                          num_outputs=num_outputs, out=out, engine=ENGINE)
+                                          num_outputs=num_outputs, rounding=rounding, out=out,
+                                          engine=ENGINE)
 
 
 def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilon=1e-12,
-                                        num_outputs=1, out=None):
+                                        num_outputs=1, rounding="once", out=None):
     """onnxruntime's SkipSimplifiedLayerNormalization (com.microsoft): RMS normalization
     of ``s = input + skip (+ bias)`` over the last axis, times gamma. Arguments and
     outputs as :func:`skip_layer_normalization` (no beta); the ``mean`` output is zeros,
-    as onnxruntime returns it."""
+    as onnxruntime returns it. With ``num_outputs=4`` and ``rounding="llama"`` it is the
+    out-of-place form of vLLM's ``fused_add_rms_norm`` (:func:`fused_add_rms_norm`)."""
     return _skip.skip_simplified_layer_normalization(input, skip, gamma, bias,
                                                      epsilon=epsilon, num_outputs=num_outputs,
-                                                     out=out, engine=ENGINE)
+                                                     rounding=rounding, out=out, engine=ENGINE)
 
 
 def ada_layer_norm(X, shift, scale, *, epsilon=1e-6, residual=None, gate=None, out=None):

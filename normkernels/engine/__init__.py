@@ -141,7 +141,7 @@ class Engine:
         raise NotImplementedError
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None):
+                       sums=None, path=None, act=None, res=None, rounding="once"):
         """Row normalization of 2-D ``x`` (``M`` rows of ``K``, each row contiguous)
         into ``y`` (same shape; may be ``x``): per row the mean and population
         variance (``centered``) or the mean square, then ``y = (x - mean) /
@@ -150,8 +150,10 @@ class Engine:
         are ``K`` columns in any float dtype. ``skip`` (rows of ``K``; row ``r`` uses
         ``skip[r % len(skip)]``) and ``bias`` (``K``, or None) first replace each row by
         ``x + skip + bias`` rounded to x's dtype, which ``sums`` (``M x K``, optional)
-        receives. Returns float64 ``(mean, var)`` per row (``var``: the mean square
-        when not centred)."""
+        receives. ``rounding="llama"`` rounds the normalized value to y's dtype before
+        ``scale`` multiplies it (Hugging Face's LlamaRMSNorm), "once" (default) rounds
+        only Y. Returns float64 ``(mean, var)`` per row (``var``: the mean square when
+        not centred)."""
         raise NotImplementedError
 
     def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):

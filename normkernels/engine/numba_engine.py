@@ -219,10 +219,10 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
         return mean, m2
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None, act=NONE, res=None):
+                       sums=None, path=None, act=NONE, res=None, rounding="once"):
         M, K = x.shape
         (xs, xr), (ys, yr) = flat_rows(x), flat_rows(y)
-        epilogue = row_epilogue(act, res)
+        epilogue = row_epilogue(act, res, rounding)
         s = column(scale)
         b = s[:0] if B is None else column(B)  # empty: none
         mean, var = np.empty(M), np.empty(M)

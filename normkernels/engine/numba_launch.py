@@ -141,11 +141,12 @@ def flat_rows(a, view=storage_view):
     return view(flat), stride
 
 
-def row_epilogue(act, res):
+def row_epilogue(act, res, rounding="once"):
     """The row kernels' last arguments ``rr, res, act``: ``res`` (None, or ``M x K`` rows
-    each contiguous, as x's) flat, and its row stride; the activation's marker."""
+    each contiguous, as x's) flat, and its row stride; the activation's marker, which
+    also carries the ``rounding`` of the normalized value ("once" or "llama")."""
     rs, rr = (None, 0) if res is None else flat_rows(res)
-    return rr, rs, marker(act)
+    return rr, rs, marker(act, rounding)
 
 
 def add_skip(x, skip, bias, target):

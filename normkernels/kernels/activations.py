@@ -72,52 +72,71 @@ _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
 
 
+ROUNDINGS = ("once", "llama")
+
+
 class Activation:
-    """A marker passed to kernels as ``act``; its Numba type says which activation."""
+    """A marker passed to kernels as ``act``; its Numba type says which activation, and
+    for the row kernels where the normalized value is rounded: ``"once"`` (Y's one
+    rounding) or ``"llama"`` (the normalized value rounded to Y's dtype before the
+    scale multiplies it, as Hugging Face's LlamaRMSNorm and vLLM; the row kernels
+    only)."""
 
-    __slots__ = ("kind",)
+    __slots__ = ("kind", "rounding")
 
-    def __init__(self, kind):
+    def __init__(self, kind, rounding="once"):
         if kind not in KINDS:
             raise ValueError(f"no activation {kind!r} (activations: {', '.join(KINDS)})")
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"no rounding {rounding!r} (roundings: {', '.join(ROUNDINGS)})")
         self.kind = kind
+        self.rounding = rounding
 
     def __repr__(self):
-        return f"Activation({self.kind!r})"
+        return (f"Activation({self.kind!r})" if self.rounding == "once"
+                else f"Activation({self.kind!r}, {self.rounding!r})")
 
     def __reduce__(self):
-        return (for_kind, (self.kind,))
+        return (for_kind, (self.kind, self.rounding))
 
 
-_BY_KIND = {kind: Activation(kind) for kind in KINDS}
-NONE = _BY_KIND["none"]
-RELU = _BY_KIND["relu"]
-SILU = _BY_KIND["silu"]
-GELU_TANH = _BY_KIND["gelu_tanh"]
-GELU = _BY_KIND["gelu"]
+_BY_KIND = {(kind, r): Activation(kind, r) for kind in KINDS for r in ROUNDINGS}
+NONE = _BY_KIND["none", "once"]
+RELU = _BY_KIND["relu", "once"]
+SILU = _BY_KIND["silu", "once"]
+GELU_TANH = _BY_KIND["gelu_tanh", "once"]
+GELU = _BY_KIND["gelu", "once"]
 
 
-def marker(act):
+def marker(act, rounding="once"):
     """``act``'s marker: a marker itself, or a name (None: :data:`NONE`), as the spec
-    layer passes it (the spec modules import no kernel module)."""
-    return act if isinstance(act, Activation) else for_kind(act)
+    layer passes it (the spec modules import no kernel module); with ``rounding``
+    (see :class:`Activation`)."""
+    if isinstance(act, Activation):
+        return act if act.rounding == rounding else for_kind(act.kind, rounding)
+    return for_kind(act, rounding)
 
 
-def for_kind(kind):
-    """The marker of ``kind`` (None: :data:`NONE`)."""
+def for_kind(kind, rounding="once"):
+    """The marker of ``kind`` (None: :data:`NONE`) with ``rounding``."""
     if kind is None:
-        return NONE
+        kind = "none"
     try:
-        return _BY_KIND[kind]
+        return _BY_KIND[kind, rounding]
     except (KeyError, TypeError):
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"no rounding {rounding!r} (roundings: "
+                             f"{', '.join(ROUNDINGS)})") from None
         raise ValueError(f"no activation {kind!r} (activations: None, "
                          f"{', '.join(KINDS[1:])})") from None
 
 
 class ActivationType(types.Type):
-    def __init__(self, kind):
+    def __init__(self, kind, rounding="once"):
         self.kind = kind
-        super().__init__(name=f"Activation({kind})")
+        self.rounding = rounding
+        super().__init__(name=f"Activation({kind})" if rounding == "once"
+                         else f"Activation({kind}, {rounding})")
 
 
 @register_model(ActivationType)
@@ -127,7 +146,7 @@ class _ActivationModel(models.OpaqueModel):
 
 @typeof_impl.register(Activation)
 def _typeof_activation(val, c):
-    return ActivationType(val.kind)
+    return ActivationType(val.kind, val.rounding)
 
 
 @unbox(ActivationType)

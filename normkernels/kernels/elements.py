@@ -274,3 +274,20 @@ def _row_load_impl(arr, i):
     if arr.dtype.bitwidth == 16:
         return lambda arr, i: load(arr, i)
     return lambda arr, i: np.float64(arr[i])
+
+
+def round_to_storage(arr, value):
+    """Row-compute-dtype ``value`` rounded to the dtype storage array ``arr`` holds
+    (to nearest even), returned in the row compute dtype; ``@njit`` code only."""
+    raise NotImplementedError("round_to_storage is only callable from @njit code")
+
+
+@overload(round_to_storage, inline="always")
+def _round_to_storage_impl(arr, value):
+    if arr.dtype == types.uint16:
+        return lambda arr, value: f16_to_f32(f32_to_f16(value))
+    if arr.dtype == types.int16:
+        return lambda arr, value: bf16_to_f32(f32_to_bf16(value))
+    if arr.dtype == types.float32:
+        return lambda arr, value: np.float64(np.float32(value))
+    return lambda arr, value: value

@@ -74,6 +74,12 @@ def _row_codegen(nontemporal):
         normalized = builder.fmul(builder.fsub(xv, m), a)
         if xv.type.element != _F64:  # float64 arithmetic: c is -0.0, which adds nothing
             normalized = builder.fadd(normalized, c)
+        if sig.args[-1].rounding == "llama":  # rounded to Y's dtype before the scale
+            if wide:
+                normalized = builder.fpext(builder.fptrunc(normalized, ir.VectorType(_F32, lanes)),
+                                           normalized.type)
+            elif narrow is not None:
+                normalized = widen(builder, narrow(builder, normalized, lanes), lanes)
         yv = builder.fadd(builder.fmul(normalized, s), b)
         if isinstance(sig.args[_RES], types.Array):  # the residual, before the activation
             yv = builder.fadd(yv, load(_RES, ri))

@@ -46,7 +46,14 @@ from numba.core.extending import overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.activations import activate, with_residual
-from normkernels.kernels.elements import item_bytes, load, row_compute_empty, row_load, store
+from normkernels.kernels.elements import (
+    item_bytes,
+    load,
+    round_to_storage,
+    row_compute_empty,
+    row_load,
+    store,
+)
 from normkernels.kernels.lanes import shifted_sums
 from normkernels.kernels.options import (
     INLINE_OPTIONS,
@@ -226,10 +233,23 @@ def _activated_impl(y, act, value):
     return lambda y, act, value: activate(act, value)
 
 
+def _normalized(y, act, value):
+    """The normalized ``value`` as the scale multiplies it: rounded to y's storage
+    dtype first under ``act``'s "llama" rounding, else itself; ``@njit`` only."""
+    raise NotImplementedError("_normalized is only callable from @njit code")
+
+
+@overload(_normalized, inline="always")
+def _normalized_impl(y, act, value):
+    if act.rounding == "llama":
+        return lambda y, act, value: round_to_storage(y, value)
+    return lambda y, act, value: value
+
+
 @njit(**_INLINE)
 def _scalar_run(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
     for i in range(n):
-        v = ((row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i]
+        v = _normalized(y, act, (row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i]
         store(y, yo + i, _activated(y, act, with_residual(res, ro + i, v)))
 
 

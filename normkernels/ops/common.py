@@ -217,6 +217,29 @@ def check_activation(op, activation):
                      f"got {activation!r}")
 
 
+ROUNDINGS = ("once", "llama")  # normkernels.kernels.activations.ROUNDINGS
+
+
+def check_rounding(op, rounding):
+    """Where a row normalization rounds: "once" (Y only) or "llama" (the normalized
+    value to Y's dtype before the scale multiplies it, as LlamaRMSNorm)."""
+    if isinstance(rounding, str) and rounding in ROUNDINGS:
+        return rounding
+    raise ValueError(f"{op}: rounding must be one of {', '.join(map(repr, ROUNDINGS))}, "
+                     f"got {rounding!r}")
+
+
+def offset_scale(op, offset, scale, X):
+    """Gemma's zero-centred weight: ``offset + scale`` computed in float32 (float64
+    when X or scale is float64), or ``scale`` itself when ``offset`` is 0."""
+    offset = check_float_attribute(op, "offset", offset)
+    if offset == 0:
+        return scale
+    wide = FLOAT64 if FLOAT64 in (X.dtype, scale.dtype) else FLOAT32
+    with np.errstate(all="ignore"):
+        return scale.astype(wide) + wide.type(offset)
+
+
 def check_epsilon(op, epsilon, positive=False):
     return check_float_attribute(op, "epsilon", epsilon, positive)
 

@@ -19,7 +19,9 @@ Where the function body and normkernels differ (README, "Row normalizations"):
 
 Package extensions (RMSNormalization): ``activation=`` and ``add=`` (X's shape and
 dtype), ``Y = act(normalized * scale + add)`` in the same pass (see
-:mod:`normkernels.ops.rows`).
+:mod:`normkernels.ops.rows`); ``offset`` (Gemma's ``x_hat * (offset + scale)``, the sum
+in float32, float64 when X or scale is) and ``rounding`` ("once": Y's one rounding;
+"llama": ``round_V(round_V(x_hat) * scale)``, Hugging Face's LlamaRMSNorm and vLLM).
 """
 
 from dataclasses import dataclass
@@ -62,9 +64,11 @@ def _planned(key, X, scale, out):
     return None if plan is None else plan(X, scale, None, out)
 
 
-def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add=None):
+def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add=None,
+         offset=0.0, rounding="once"):
     """Checks shared by both operators, then the normalization: ``(Y, a, var, X,
-    scale)`` (the arrays as checked); ``act``, ``add``: the epilogue (unchecked)."""
+    scale)`` (the arrays as checked); ``act``, ``add``: the epilogue, ``offset``,
+    ``rounding``: Gemma's and Llama's forms (unchecked)."""
     arrays = {"X": common.as_array("X", X), "scale": common.as_array("scale", scale)}
     for name, arr in arrays.items():
         common.check_dtype(label, name, arr, ALL_FLOATS)
@@ -77,10 +81,12 @@ def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add
                          "their mean square is undefined")
     act = common.check_activation(label, act)
     res = common.check_residual(label, "add", add, X)
+    rounding = common.check_rounding(label, rounding)
+    effective = common.offset_scale(label, offset, s, X)
     if out is not None:
         rows.check_out(label, out, X, {"scale": s}, dtype=s.dtype, res=res)
-    Y, _, var = rows.normalize(X, a, s, None, epsilon, False, engine, path, out,
-                               out_dtype=s.dtype, act=act, res=res)
+    Y, _, var = rows.normalize(X, a, effective, None, epsilon, False, engine, path, out,
+                               out_dtype=s.dtype, act=act, res=res, rounding=rounding)
     return Y, a, var, X, s
 
 
@@ -91,11 +97,15 @@ def _add_plan(key, given, checked, engine, epsilon, a, out, finish):
 
 
 def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
-                      activation=None, add=None, out=None, engine, path=None):
+                      activation=None, add=None, offset=0.0, rounding="once", out=None, engine,
+                      path=None):
     """Spec layer of :func:`normkernels.rms_normalization`."""
     key = None
     # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
-    if path is None and activation is None and add is None:
+    # and the Gemma and Llama forms
+    plain = (activation is None and add is None and rounding == "once"
+             and type(offset) in (int, float) and offset == 0)
+    if path is None and plain:
         key = _key(OP, engine, (opset, axis, epsilon, stash_type), X, scale, out)
         Y = None if key is None else _planned(key, X, scale, out)
         if Y is not None:
@@ -107,7 +117,7 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
     eps = common.check_epsilon(label, attrs["epsilon"])
     stash_dtype(label, attrs["stash_type"], RMS_STASH)  # checked; no output has it
     Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path,
-                             activation, add)
+                             activation, add, offset, rounding)
     _add_plan(key, (X, scale), checked, engine, eps, a, out, _first)
     return Y
 

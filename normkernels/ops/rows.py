@@ -125,7 +125,7 @@ def wide_dtype(*dtypes):
 
 
 def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, out_dtype=None,
-              skip=None, bias=None, sums=None, act=None, res=None):
+              skip=None, bias=None, sums=None, act=None, res=None, rounding="once"):
     """Y of a row normalization of X over axes ``a..``, and float64 per-row ``(mean,
     var)`` (``var``: the mean square when not ``centered``; mean 0).
 
@@ -135,7 +135,8 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
     bias``) are onnxruntime's skip add (fused path only: the caller guarantees
     parameters per column and ``out_dtype`` X's). ``act`` (an activation's name, or
     None) and ``res`` (a checked residual of X's shape and dtype, or None) are the
-    epilogue ``Y = act(affine + res)``.
+    epilogue ``Y = act(affine + res)``. ``rounding`` ("once" or "llama": see
+    :func:`normkernels.ops.common.check_rounding`).
     """
     shape = X.shape
     out_dtype = X.dtype if out_dtype is None else out_dtype
@@ -151,7 +152,8 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
         target = y2 if y2 is not None else np.empty((M, K), out_dtype)
         extra = common.epilogue(act, None if res is None else rows_in(res, M, K))
         mean, var = engine.normalize_rows(x2, target, s, b, epsilon, centered, skip=skip,
-                                          bias=bias, sums=sums, path=path, **extra)
+                                          bias=bias, sums=sums, path=path, rounding=rounding,
+                                          **extra)
         if y2 is None:
             np.copyto(Y, target.reshape(shape))
         return Y, mean, var
@@ -161,11 +163,14 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
     x2 = X.reshape(M, K).astype(wide)
     z = np.empty((M, K), wide)
     ones = np.ones(K, wide)
-    columns = s is not None and (B is None or b is not None)
+    # llama: the kernel's normalized value, rounded to X's dtype, then NumPy's products
+    columns = s is not None and (B is None or b is not None) and rounding == "once"
     mean, var = engine.normalize_rows(x2, z, s if columns else ones, b if columns else None,
                                       epsilon, centered, path=path)
     z = z.reshape(shape)
     with np.errstate(all="ignore"):
+        if rounding == "llama":
+            z = z.astype(X.dtype).astype(wide)
         if not columns:
             z = z * scale.astype(wide)
             if B is not None:

@@ -43,9 +43,10 @@ def _skip_rows(label, X, skip):
 
 
 def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon, num_outputs,
-                        out, engine, path):
+                        out, engine, path, rounding="once"):
     key = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+    # a plan of an earlier call with this metadata (see ops/plans.py); none for "llama"
+    if path is None and rounding == "once":
         try:
             key = (label, engine, epsilon, num_outputs, type(epsilon), type(num_outputs),
                    *((type(a), a.shape, a.strides, a.dtype) if a is not None else None
@@ -58,6 +59,7 @@ def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon
             if result is not None:
                 return result
     eps = common.check_epsilon(label, epsilon)
+    rounding = common.check_rounding(label, rounding)
     n_out = check_outputs(label, num_outputs, 4)
     arrays = {"input": common.as_array("input", input), "skip": common.as_array("skip", skip),
               "gamma": common.as_array("gamma", gamma)}
@@ -84,7 +86,7 @@ def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon
     Y, mean, var = rows.normalize(
         X, X.ndim - 1, arrays["gamma"], arrays.get("beta"), eps, centered, engine, path, out,
         skip=skip_rows, bias=arrays.get("bias"),
-        sums=None if sums is None else sums.reshape(-1, hidden))
+        sums=None if sums is None else sums.reshape(-1, hidden), rounding=rounding)
     shape = rows.statistics_shape(X.shape, X.ndim - 1)
 
     def finish(Y, mean, var):
@@ -106,14 +108,15 @@ def _skip_normalization(label, centered, input, skip, gamma, beta, bias, epsilon
 
 
 def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilon=EPSILON,
-                             num_outputs=1, out=None, engine, path=None):
+                             num_outputs=1, rounding="once", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.skip_layer_normalization`."""
     return _skip_normalization(SKIP, True, input, skip, gamma, beta, bias, epsilon,
-                               num_outputs, out, engine, path)
+                               num_outputs, out, engine, path, rounding)
 
 
 def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilon=EPSILON,
-                                        num_outputs=1, out=None, engine, path=None):
+                                        num_outputs=1, rounding="once", out=None, engine,
+                                        path=None):
     """Spec layer of :func:`normkernels.skip_simplified_layer_normalization`."""
     return _skip_normalization(SKIP_SIMPLIFIED, False, input, skip, gamma, None, bias, epsilon,
-                               num_outputs, out, engine, path)
+                               num_outputs, out, engine, path, rounding)
