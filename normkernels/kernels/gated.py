@@ -62,6 +62,33 @@ def _inverse(ms, epsilon, av):
     return av[0]
 
 
+# The element loops take slices indexed from 0: with ``x[o + i]`` Numba wraps negative
+# indices and LLVM kept the loops scalar (6-12 ns an element, SiLU's exponential
+# included).
+
+
+@njit(**INLINE_OPTIONS)
+def _norm_then_gate(xs, zs, ys, a, ws, bs):
+    """``y = ((x * a) * w + b) * silu(z)`` over a group."""
+    for i in range(xs.size):
+        v = (load(xs, i) * a) * ws[i] + bs[i]
+        store(ys, i, v * activate(SILU, load(zs, i)))
+
+
+@njit(**INLINE_OPTIONS)
+def _gate_input(xs, zs, us):
+    """``u = x * silu(z)`` over a row, in the compute dtype (not rounded to x's)."""
+    for i in range(xs.size):
+        us[i] = load(xs, i) * activate(SILU, load(zs, i))
+
+
+@njit(**INLINE_OPTIONS)
+def _affine(us, ys, a, ws, bs):
+    """``y = (u * a) * w + b`` over a group."""
+    for i in range(us.size):
+        store(ys, i, (us[i] * a) * ws[i] + bs[i])
+
+
 @njit(**INLINE_OPTIONS)
 def _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, last):
     K = w.size
@@ -72,21 +99,20 @@ def _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, las
         xo, zo, yo = r * xr, r * zr, r * yr
         if before:
             for g in range(groups):
-                ms = row_statistics(x, xo + g * G, G, False)[1]
+                lo = g * G
+                ms = row_statistics(x, xo + lo, G, False)[1]
                 var[r * groups + g] = ms
-                a = _inverse(ms, epsilon, av)
-                for k in range(g * G, g * G + G):
-                    v = (load(x, xo + k) * a) * w[k] + b[k]
-                    store(y, yo + k, v * activate(SILU, load(z, zo + k)))
+                _norm_then_gate(x[xo + lo:xo + lo + G], z[zo + lo:zo + lo + G],
+                            y[yo + lo:yo + lo + G], _inverse(ms, epsilon, av), w[lo:lo + G],
+                            b[lo:lo + G])
         else:
-            for k in range(K):
-                u[k] = load(x, xo + k) * activate(SILU, load(z, zo + k))
+            _gate_input(x[xo:xo + K], z[zo:zo + K], u)
             for g in range(groups):
-                ms = row_statistics(u, g * G, G, False)[1]
+                lo = g * G
+                ms = row_statistics(u, lo, G, False)[1]
                 var[r * groups + g] = ms
-                a = _inverse(ms, epsilon, av)
-                for k in range(g * G, g * G + G):
-                    store(y, yo + k, (u[k] * a) * w[k] + b[k])
+                _affine(u[lo:lo + G], y[yo + lo:yo + lo + G], _inverse(ms, epsilon, av),
+                        w[lo:lo + G], b[lo:lo + G])
 
 
 @njit(**KERNEL_OPTIONS)

@@ -35,19 +35,25 @@ def rows_per_item(W):
 
 
 @njit(**INLINE_OPTIONS)
+def _scale(xs, a, w, llama):
+    """The elements of one head (``xs``, a slice indexed from 0: an offset index
+    blocked vectorisation)."""
+    if llama:
+        for i in range(xs.size):
+            store(xs, i, load(xs, i) * a)
+        for i in range(xs.size):
+            store(xs, i, load(xs, i) * w[i])
+    else:
+        for i in range(xs.size):
+            store(xs, i, (load(xs, i) * a) * w[i])
+
+
+@njit(**INLINE_OPTIONS)
 def _head(x, o, D, w, epsilon, llama, av, var, j):
     ms = row_statistics(x, o, D, False)[1]
     var[j] = ms
     av[0] = 1.0 / math.sqrt(ms + epsilon)
-    a = av[0]
-    if llama:
-        for i in range(D):
-            store(x, o + i, load(x, o + i) * a)
-        for i in range(D):
-            store(x, o + i, load(x, o + i) * w[i])
-    else:
-        for i in range(D):
-            store(x, o + i, (load(x, o + i) * a) * w[i])
+    _scale(x[o:o + D], av[0], w, llama)
 
 
 @njit(**INLINE_OPTIONS)
