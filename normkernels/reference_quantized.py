@@ -85,8 +85,8 @@ def quantize_rows_from(src, w, b, q, scales, epsilon, centered, offset, fp8, sta
                        scale_ub, floor, mean, var):
     """The quantized rows of ``src`` (``M x K``, after any residual add) from float64
     per-row ``mean`` and ``var`` into ``q`` (uint8 storage) and ``scales`` (dynamic:
-    ``M x (K // group)`` float32): the kernels' bits. Returns the count of NaN
-    quotients (int8 only)."""
+    ``M x (K // group)`` float32): the kernels' bits. Returns the number of groups
+    with a NaN quotient (int8 only)."""
     v, s = quotients(src, w, b, epsilon, centered, offset, fp8, static, group, scale_ub,
                      floor, mean, var)
     if static is None:
@@ -95,7 +95,7 @@ def quantize_rows_from(src, w, b, q, scales, epsilon, centered, offset, fp8, sta
         q.reshape(v.shape)[...] = fp8_bits(v)
         return 0
     q.reshape(v.shape)[...] = int8_values(v).view(np.uint8)
-    return int(np.isnan(v).sum())
+    return int(np.isnan(v).any(axis=2).sum())
 
 
 def row_statistics(src, centered):

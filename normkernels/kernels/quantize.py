@@ -17,7 +17,8 @@ Per row ``r`` of ``K`` elements (flat storage arrays and row strides, as
    compute dtype, ``y * (1 / s)`` for int8 and ``y / s`` for float8 (vLLM's kernels:
    the inverted scale for int8, the division for float8 "to match FBGemm"), and
 5. ``v`` quantized into ``q`` (uint8 storage): int8 rounds half to even and saturates
-   to [-128, 127] (a NaN counted in ``nans[r]``, stored as 127: the caller raises);
+   to [-128, 127] (a NaN stored as 127; the groups holding one are counted in
+   ``nans[r]``: the caller raises);
    float8_e4m3fn saturates to +-448 and rounds to nearest even from the bits
    (:func:`fp8_bits`), NaN stays NaN (``sign | 0x7f``).
 
@@ -39,7 +40,6 @@ from normkernels.kernels.rows import row_statistics
 
 INT8_MAX = 127.0
 FP8_MAX = 448.0
-LANES = 16  # independent maxima of |y| (order-free: max is exact)
 
 
 def _bitcast(source, target):
@@ -67,18 +67,20 @@ def fp8_from_f32(v):
     to nearest even; NaN -> ``sign | 0x7f``. Normal results (>= 2**-6) round the 20
     dropped significand bits with ``0x7ffff + lsb`` and rebias the exponent (127 ->
     7); smaller ones come from the float add ``|v| + 2**14``, whose ulp is the e4m3
-    subnormal step 2**-9."""
-    u = f32_bits(v)
+    subnormal step 2**-9. Both are computed and one selected (no branch: the loop
+    vectorises)."""
+    u = np.uint32(f32_bits(v))
     sign = np.uint32((u >> np.uint32(24)) & np.uint32(0x80))
-    a = u & np.uint32(0x7FFFFFFF)
-    if a > np.uint32(0x7F800000):
-        return np.uint8(sign | np.uint32(0x7F))
+    a = np.uint32(u & np.uint32(0x7FFFFFFF))
+    nan = a > np.uint32(0x7F800000)
     a = min(a, np.uint32(0x43E00000))
-    if a >= np.uint32(0x3C800000):
-        lsb = (a >> np.uint32(20)) & np.uint32(1)
-        r = ((a + np.uint32(0x7FFFF) + lsb) >> np.uint32(20)) - np.uint32(120 << 3)
-    else:
-        r = f32_bits(bits_f32(np.uint32(a)) + np.float32(16384.0)) - np.uint32(0x46800000)
+    lsb = np.uint32((a >> np.uint32(20)) & np.uint32(1))
+    normal = np.uint32(np.uint32((a + np.uint32(0x7FFFF) + lsb) >> np.uint32(20))
+                       - np.uint32(120 << 3))
+    tiny = np.uint32(np.uint32(f32_bits(bits_f32(a) + np.float32(16384.0)))
+                     - np.uint32(0x46800000))
+    r = normal if a >= np.uint32(0x3C800000) else tiny
+    r = np.uint32(0x7F) if nan else r
     return np.uint8(sign | r)
 
 
@@ -88,15 +90,15 @@ def fp8_from_f64(v):
     ``|v| + 2**43``), one rounding from float64."""
     u = f64_bits(v)
     sign = np.uint64((u >> np.uint64(56)) & np.uint64(0x80))
-    a = u & np.uint64(0x7FFFFFFFFFFFFFFF)
-    if a > np.uint64(0x7FF0000000000000):
-        return np.uint8(sign | np.uint64(0x7F))
+    a = np.uint64(u & np.uint64(0x7FFFFFFFFFFFFFFF))
+    nan = a > np.uint64(0x7FF0000000000000)
     a = min(a, np.uint64(0x407C000000000000))
-    if a >= np.uint64(0x3F90000000000000):
-        lsb = (a >> np.uint64(49)) & np.uint64(1)
-        r = ((a + np.uint64((1 << 48) - 1) + lsb) >> np.uint64(49)) - np.uint64(1016 << 3)
-    else:
-        r = f64_bits(bits_f64(a) + 8796093022208.0) - np.uint64(1066 << 52)
+    lsb = np.uint64((a >> np.uint64(49)) & np.uint64(1))
+    normal = np.uint64(np.uint64((a + np.uint64((1 << 48) - 1) + lsb) >> np.uint64(49))
+                       - np.uint64(1016 << 3))
+    tiny = np.uint64(f64_bits(bits_f64(a) + 8796093022208.0) - np.uint64(1066 << 52))
+    r = normal if a >= np.uint64(0x3F90000000000000) else tiny
+    r = np.uint64(0x7F) if nan else r
     return np.uint8(sign | r)
 
 
@@ -135,6 +137,36 @@ def _int8_round_impl(v):
     return impl
 
 
+def abs_bits(v):
+    """The bits of ``|v|`` (float32 -> uint32, float64 -> uint64): ordered as the
+    magnitudes, NaNs above infinity; ``@njit`` code only."""
+    raise NotImplementedError("abs_bits is only callable from @njit code")
+
+
+@overload(abs_bits, inline="always")
+def _abs_bits_impl(v):
+    if v == types.float32:
+        return lambda v: np.uint32(f32_bits(v) & np.uint32(0x7FFFFFFF))
+    if v == types.float64:
+        return lambda v: np.uint64(f64_bits(v) & np.uint64(0x7FFFFFFFFFFFFFFF))
+    return None
+
+
+def magnitude(bits, like):
+    """The float of ``like``'s type whose bits are ``bits`` (``None`` when they are a
+    NaN's); ``@njit`` code only."""
+    raise NotImplementedError("magnitude is only callable from @njit code")
+
+
+@overload(magnitude, inline="always")
+def _magnitude_impl(bits, like):
+    if like == types.float32:
+        return lambda bits, like: bits_f32(np.uint32(bits))
+    if like == types.float64:
+        return lambda bits, like: bits_f64(np.uint64(bits))
+    return None
+
+
 @njit(**INLINE_OPTIONS)
 def _add_residual(x, xo, res, ro, K):
     """``res[ro:ro+K] = round_T(x[xo:][:K] + res[ro:][:K])`` (slices from 0)."""
@@ -144,56 +176,46 @@ def _add_residual(x, xo, res, ro, K):
 
 
 @njit(**INLINE_OPTIONS)
-def _normalize(src, so, K, f, wt, bt, ys):
-    """``ys = ((x - m) * a + c) * wt + bt`` of row ``src[so:so+K]``, ``m, a, c`` in
-    ``f[0:3]``."""
-    xs = src[so:so + K]
+def _normalize(src, so, lo, hi, f, wt, bt, ys):
+    """``ys[lo:hi] = ((x - m) * a + c) * wt + bt`` of columns ``lo..hi-1`` of row
+    ``src[so:]`` (``m, a, c`` in ``f[0:3]``, ``f[4]`` zero); returns the largest bits of ``|y|``
+    (:func:`abs_bits`: an integer maximum, which vectorises without fast-math)."""
+    xs, w, b, y = src[so + lo:so + hi], wt[lo:hi], bt[lo:hi], ys[lo:hi]
     m, a, c = f[0], f[1], f[2]
-    for i in range(K):
-        ys[i] = ((load(xs, i) - m) * a + c) * wt[i] + bt[i]
+    top = abs_bits(f[4])  # f[4] is 0: zero in the bits' type
+    for i in range(hi - lo):
+        v = ((load(xs, i) - m) * a + c) * w[i] + b[i]
+        y[i] = v
+        top = max(top, abs_bits(v))
+    return top
 
 
 @njit(**INLINE_OPTIONS)
-def _abs_max(ys, lo, hi, lanes):
-    """``max |ys[lo:hi]|`` (NaN ignored) in the compute dtype, by ``LANES`` maxima."""
-    v = ys[lo:hi]
-    n = hi - lo
-    lanes[:] = 0.0
-    body = n - n % LANES
-    for i in range(0, body, LANES):
-        for j in range(LANES):
-            t = abs(v[i + j])
-            lanes[j] = t if t > lanes[j] else lanes[j]
-    for i in range(body, n):
-        t = abs(v[i])
-        lanes[0] = t if t > lanes[0] else lanes[0]
-    best = lanes[0]
-    for j in range(1, LANES):
-        best = lanes[j] if lanes[j] > best else best
+def _abs_max(ys, lo, hi, zero):
+    """``max |ys[lo:hi]|`` ignoring NaNs (a row with NaNs: the slow way)."""
+    best = zero
+    for i in range(lo, hi):
+        t = abs(ys[i])
+        best = t if t > best else best
     return best
 
 
 @njit(**INLINE_OPTIONS)
 def _quantize_group(ys, lo, hi, d, fp8, q, qo):
-    """``q[qo + i] = quant(ys[lo + i] op d)``: ``* d`` for int8, ``/ d`` for float8.
-    Returns the count of NaN quotients (int8)."""
+    """``q[qo + i] = quant(ys[lo + i] op d)``: ``* d`` for int8, ``/ d`` for float8."""
     v = ys[lo:hi]
     qs = q[qo + lo:qo + hi]
-    nans = 0
     if fp8:
         for i in range(hi - lo):
             qs[i] = fp8_bits(v[i] / d)
-        return 0
-    for i in range(hi - lo):
-        t = v[i] * d
-        nans += t != t
-        qs[i] = np.uint8(int8_round(t) & 0xFF)
-    return nans
+    else:
+        for i in range(hi - lo):
+            qs[i] = np.uint8(int8_round(v[i] * d))
 
 
 @njit(**INLINE_OPTIONS)
 def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub, floor, q, qo,
-         scales, so, ys, f, lanes, mean, var, nans, r):
+         scales, so, ys, f, mean, var, nans, r):
     src, sr = x, xo
     if res.size:
         _add_residual(x, xo, res, ro, K)
@@ -206,19 +228,28 @@ def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
     f[2] = -0.0
     if centered and f.itemsize == 4 and math.isfinite(f[0]):
         f[2] = -((mu - np.float64(f[0])) * inv)
-    _normalize(src, sr, K, f, wt, bt, ys)
+    f[4] = 0.0
     qmax = FP8_MAX if fp8 else INT8_MAX
     count = 0
     for g in range(K // G):
         lo = g * G
+        top = _normalize(src, sr, lo, lo + G, f, wt, bt, ys)
+        amax = magnitude(top, f[0])
+        top_nan = amax != amax
+        if top_nan:
+            amax = _abs_max(ys, lo, lo + G, f[4])
         s = np.float32(static)
         if static == 0.0:
-            s = np.float32(np.float64(_abs_max(ys, lo, lo + G, lanes)) / qmax)
+            s = np.float32(np.float64(amax) / qmax)
             s = s if s < scale_ub else scale_ub
             s = s if s > floor else floor
             scales[so + g] = s
         f[3] = np.float64(s) if fp8 else 1.0 / np.float64(s)
-        count += _quantize_group(ys, lo, lo + G, f[3], fp8, q, qo)
+        _quantize_group(ys, lo, lo + G, f[3], fp8, q, qo)
+        # a NaN quotient: a NaN y, or inf * 0 (an infinite y and scale; the spec layer
+        # keeps 1 / s finite): counted per group, without a test per element
+        if not fp8:
+            count += top_nan or math.isnan(amax * f[3])
     nans[r] = count
 
 
@@ -245,12 +276,11 @@ def quantize_item(x, xr, res, rr, K, G, epsilon, centered, wt, bt, fp8, static, 
                   floor, q, scales, mean, var, nans, first, last):
     """Rows ``first..last-1`` of :func:`quantize_rows`."""
     ys = compute_empty(x, K)
-    f = compute_empty(x, 4)
-    lanes = compute_empty(x, LANES)
+    f = compute_empty(x, 5)
     ng = K // G
     for r in range(first, last):
         _row(x, r * xr, res, r * rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
-             floor, q, r * K, scales, r * ng if static == 0.0 else 0, ys, f, lanes, mean, var,
+             floor, q, r * K, scales, r * ng if static == 0.0 else 0, ys, f, mean, var,
              nans, r)
 
 
@@ -266,7 +296,7 @@ def quantize_rows(x, xr, res, rr, w, b, K, G, epsilon, centered, offset, fp8, st
     static scale (float32; 0: dynamic scales into ``scales[r * (K // G) + g]``);
     ``scale_ub``, ``floor``: the dynamic scale's clamps (float32); ``q``: contiguous
     ``M x K`` uint8; ``mean``, ``var``: the float64 statistics (var: the mean square
-    when not ``centered``); ``nans``: per row, the int8 NaN quotients."""
+    when not ``centered``); ``nans``: per row, the groups with a NaN quotient (int8)."""
     M = mean.size
     wt, bt = prepare(x, w, b, offset, K)
     for item in prange((M + rows_per_item - 1) // rows_per_item):

@@ -39,13 +39,14 @@ def check_quant_dtype(label, dtype):
 
 
 def _positive_float32(label, name, value):
-    """A positive finite float whose float32 rounding is positive and finite too."""
+    """A positive finite float whose float32 rounding is a normal number (its
+    reciprocal finite: the int8 quotient multiplies by it)."""
     number = common.check_float_attribute(label, name, value, positive=True)
     with np.errstate(over="ignore"):
         f32 = np.float32(number)
-    if not (math.isfinite(f32) and f32 > 0):
-        raise ValueError(f"{label}: {name} must be a positive finite float32 value, got "
-                         f"{number} (float32: {f32})")
+    if not (math.isfinite(f32) and f32 >= np.finfo(np.float32).tiny):
+        raise ValueError(f"{label}: {name} must be a normal positive finite float32 value "
+                         f"(1 / {name} finite), got {number} (float32: {f32})")
     return number
 
 
@@ -140,9 +141,9 @@ def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_sc
         if rr is not None and not np.may_share_memory(rr, res):  # rows were a copy
             res[...] = rr.reshape(res.shape)
         if nans:
-            raise ValueError(f"{label}: x has {nans} element(s) whose quantized value is "
-                             "NaN (a NaN in x, residual or the parameters, or an infinite "
-                             "scale); int8 has no NaN (float8_e4m3fn keeps it)")
+            raise ValueError(f"{label}: x has NaN quotients y / s in {nans} row group(s) "
+                             "(a NaN in x, residual or the parameters, or an infinite y "
+                             "and scale); int8 has no NaN (float8_e4m3fn keeps it)")
     out = q.reshape(x.shape).view(qd)
     if static is not None:
         return out, np.array(static, np.float32)
