@@ -10,6 +10,16 @@ from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import quantize
 
+_NONE = {}
+
+
+def _none(dtype):
+    """An empty writeable storage array of ``dtype``: no residual (one per dtype)."""
+    empty = _NONE.get(dtype)
+    if empty is None:
+        empty = _NONE[dtype] = storage_view(np.empty(0, dtype))
+    return empty
+
 
 class QuantizedLoops:
     def quantized_rows(self, x, w, b, res, q, scales, epsilon, centered, offset, fp8, static,
@@ -20,11 +30,12 @@ class QuantizedLoops:
         residual, ``M x K`` rows contiguous, updated in place; ``scales``: ``M x (K //
         group)`` float32 (dynamic), unused with a ``static`` scale (a float, else None);
         ``scale_ub`` (None: none) and ``floor``: the dynamic scale's clamps. Returns
-        float64 per-row ``(mean, var)`` and the number of NaN quotients (int8 only)."""
+        float64 per-row ``(mean, var)`` and the number of rows with a group of NaN
+        quotients (int8 only)."""
         M, K = x.shape
         (xs, xr) = flat_rows(x)
         if res is None:
-            rs, rr = storage_view(x[:0, :0]).reshape(-1).copy(), 0
+            rs, rr = _none(x.dtype), 0
         else:
             rs, rr = flat_rows(res)
         ws = storage_view(w)
@@ -40,4 +51,4 @@ class QuantizedLoops:
                    np.float32(0.0 if static is None else static),
                    np.float32(np.inf if scale_ub is None else scale_ub), np.float32(floor),
                    q.reshape(-1), sc, mean, var, nans, policy.rows_per_item(M, K))
-        return mean, var, int(nans.sum())
+        return mean, var, int(np.count_nonzero(nans))
