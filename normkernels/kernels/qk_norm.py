@@ -13,7 +13,7 @@ tables ``qw`` and ``kw``), then per element, in place:
   ``x = round_T(x * a)`` first, then ``x = round_T(x * w)`` (the product of two values
   of T is exact in float32, so this is torch's ``T * T``).
 
-A head's statistics are read before any of its elements is written.
+A row's statistics are all read before any of its elements is written.
 """
 
 import math
@@ -49,23 +49,24 @@ def _scale(xs, a, w, llama):
 
 
 @njit(**INLINE_OPTIONS)
-def _head(x, o, D, w, epsilon, llama, av, var, j):
-    ms = row_statistics(x, o, D, False)[1]
-    var[j] = ms
-    av[0] = 1.0 / math.sqrt(ms + epsilon)
-    _scale(x[o:o + D], av[0], w, llama)
-
-
-@njit(**INLINE_OPTIONS)
 def _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
+    """Per row three loops over its heads: the statistics, the scalars ``a``, the
+    elements (the square roots and divisions then pipeline across heads rather than
+    wait between a head's statistics and its elements: 1.2 ms against 0.8 for 512
+    tokens of Qwen3-8B on one thread)."""
     D = qw.size
-    av = np.empty(1, qw.dtype)
+    H = nq + nk
+    a = np.empty(H, qw.dtype)
     for r in range(first, last):
-        j = r * (nq + nk)
+        o, j = r * xr, r * H
+        for h in range(H):
+            var[j + h] = row_statistics(x, o + h * D, D, False)[1]
+        for h in range(H):
+            a[h] = 1.0 / math.sqrt(var[j + h] + epsilon)
         for h in range(nq):
-            _head(x, r * xr + h * D, D, qw, epsilon, llama, av, var, j + h)
-        for h in range(nq, nq + nk):
-            _head(x, r * xr + h * D, D, kw, epsilon, llama, av, var, j + h)
+            _scale(x[o + h * D:o + h * D + D], a[h], qw, llama)
+        for h in range(nq, H):
+            _scale(x[o + h * D:o + h * D + D], a[h], kw, llama)
 
 
 @njit(**KERNEL_OPTIONS)
