@@ -57,11 +57,11 @@ class _Recorder(Engine):
         return np.zeros(n_groups), np.ones(n_groups)
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None, act=None, res=None):
+                       sums=None, path=None, act=None, res=None, rounding="once"):
         _no_epilogue(act, res)
-        if sums is not None:
+        if sums is not None and sums is not skip:  # a fourth output; or the in-place add
             raise _NotBindable("sums")
-        self._record("rows", (x, y, scale, B, epsilon, centered, skip, bias))
+        self._record("rows", (x, y, scale, B, epsilon, centered, skip, bias, sums, rounding))
         return np.zeros(x.shape[0]), np.ones(x.shape[0])
 
     def _record(self, kind, arguments):
@@ -79,7 +79,8 @@ class _Recorder(Engine):
 
 def _spec(function):
     """The spec-layer function of a public operator, from the operator table (imported
-    here: ``normkernels`` loads this module with its first operator)."""
+    here: ``normkernels`` loads this module with its first operator), or the function
+    of its name in a spec module its API module imports."""
     from normkernels.operators import OPERATORS
 
     for op in OPERATORS.values():
@@ -87,6 +88,11 @@ def _spec(function):
             name, module = op.target(mode)
             if name == function.__name__:
                 return getattr(importlib.import_module(f"normkernels.ops.{module}"), name)
+    family = importlib.import_module(function.__module__)
+    for value in vars(family).values():
+        if (inspect.ismodule(value) and value.__name__.startswith("normkernels.ops.")
+                and inspect.isfunction(getattr(value, function.__name__, None))):
+            return getattr(value, function.__name__)
     return None
 
 
@@ -117,11 +123,13 @@ def _bound_kernel(function, args, kwargs):
         result = spec(**arguments.arguments, engine=recorder, path="serial")
     except (_NotBindable, TypeError):  # training, instance norms...: the plain call
         return None
-    if recorder.call is None or not isinstance(result, np.ndarray):
+    if recorder.call is None or not (result is None or isinstance(result, np.ndarray)):
         return None
     inputs = [a for name, a in arguments.arguments.items()
               if isinstance(a, np.ndarray) and name != "out"]
     kind, recorded = recorder.call
+    if result is None:  # in place: the rows' call writes its first input and the sums
+        return _fast_in_place(recorded, inputs) if kind == "rows" else None
     if kind == "inference":
         return _fast(recorded, inputs, result)
     if kind == "planes":
@@ -154,10 +162,31 @@ def _fast(recorded, inputs, result):
 
 def _fast_rows(recorded, inputs, result):
     """The bound row normalization: one compiled call on the serial path."""
-    x, y, scale, B, epsilon, centered, skip, bias = recorded
-    if not _reads((x, scale, B, skip, bias), inputs) or not _same_memory(y, result):
+    x, y, scale, B, epsilon, centered, skip, bias, sums, rounding = recorded
+    if (sums is not None or not _reads((x, scale, B, skip, bias), inputs)
+            or not _same_memory(y, result)):
         return None
-    return _checked(ENGINE.bind_rows(x, y, scale, B, epsilon, centered, skip, bias), result)
+    return _checked(ENGINE.bind_rows(x, y, scale, B, epsilon, centered, skip, bias,
+                                     rounding=rounding), result)
+
+
+def _fast_in_place(recorded, inputs):
+    """The bound in-place fused add (:func:`normkernels.fused_add_rms_norm`): x's rows
+    written with Y and the residual's with the sums, when both are the arrays given
+    (not copies) and the rest are read in place."""
+    x, y, scale, B, epsilon, centered, skip, bias, sums, rounding = recorded
+    if (sums is None or not _reads((x, scale, B, skip, bias), inputs)
+            or not any(_same_memory(y, a) for a in inputs)):
+        return None
+    run = ENGINE.bind_rows(x, y, scale, B, epsilon, centered, skip, bias, sums, rounding)
+    guarded = [a for a in inputs if _same_memory(y, a) or _same_memory(sums, a)]
+
+    def call():
+        if not all(a.flags.writeable for a in guarded):
+            raise ValueError("bound call: an array written in place is read-only")
+        run()
+
+    return call
 
 
 def _fast_planes(recorded, inputs, result):

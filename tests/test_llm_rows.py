@@ -268,3 +268,38 @@ def test_fused_add_errors(rng):
     with pytest.raises(ValueError, match="offset must be finite"):
         nk.rms_normalization(x, w, offset=np.inf)
     assert np.array_equal(x, x.copy())  # nothing raised half-way wrote x
+
+
+def test_fused_add_bound_and_planned_calls(rng):
+    """bind and the plan of a repeated call (the same buffers, then others of the same
+    metadata) give the plain call's bits from the arrays' current contents; a planned
+    call whose arrays overlap or are read-only gets the full checks' errors."""
+    x0, w = _data(rng, (4, 4096), BF16)
+    r0 = rng.standard_normal(x0.shape).astype(BF16)
+    want_x, want_r = x0.copy(), r0.copy()
+    fused_spec.fused_add_rms_norm(want_x, want_r, w, epsilon=EPS, engine=reference.NumPyEngine())
+    x, r = x0.copy(), r0.copy()
+    bound = nk.bind(nk.fused_add_rms_norm, x, r, w, epsilon=EPS)
+    x[...], r[...] = x0, r0  # binding ran the call once: start again
+    assert bound() is None
+    assert_identical(x, want_x)
+    assert_identical(r, want_r)
+    for _ in range(5):  # planned, then bound by the plan's reuse
+        x, r = x0.copy(), r0.copy()
+        nk.fused_add_rms_norm(x, r, w, epsilon=EPS)
+        assert_identical(x, want_x)
+        assert_identical(r, want_r)
+    same_x, same_r = x0.copy(), r0.copy()
+    for _ in range(4):
+        same_x[...], same_r[...] = x0, r0
+        nk.fused_add_rms_norm(same_x, same_r, w, epsilon=EPS)
+        assert_identical(same_x, want_x)
+    buf = np.empty((8, 4096), BF16)
+    with pytest.raises(ValueError, match="share memory"):
+        nk.fused_add_rms_norm(buf[:4], buf[:4].reshape(4, 4096), w, epsilon=EPS)
+    same_r.flags.writeable = False
+    with pytest.raises(ValueError, match="residual is read-only"):
+        nk.fused_add_rms_norm(same_x, same_r, w, epsilon=EPS)
+    with pytest.raises(ValueError, match="residual is read-only"):
+        bound_ro = nk.bind(nk.fused_add_rms_norm, same_x, same_r, w, epsilon=EPS)
+        bound_ro()

@@ -7,11 +7,11 @@ import numpy as np
 
 from normkernels.dtypes import compute_dtype, storage_alias
 from normkernels.engine import policy
-from normkernels.engine.numba_launch import flat_rows, nothing
+from normkernels.engine.numba_launch import flat_rows, in_place_add, nothing
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import inference, instance, rows
-from normkernels.kernels.activations import NONE
+from normkernels.kernels import fused_add, inference, instance, rows
+from normkernels.kernels.activations import NONE, marker
 
 
 class BoundCalls:
@@ -52,15 +52,19 @@ class BoundCalls:
         kernel = instance.fused_planes_serial
         return lambda: kernel(xs, ys, *args)
 
-    def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None):
+    def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None, sums=None,
+                  rounding="once"):
         """:meth:`normalize_rows` for fixed arrays, as a zero-argument callable (see
         :func:`normkernels.bind`): every argument resolved here; on the serial path one
         compiled call, else the path decided per call and the fused kernel launched
-        (the engine call where the rows split)."""
+        (the engine call where the rows split). ``sums`` (C-contiguous, the sums' rows)
+        may be ``skip`` itself: the in-place fused add."""
         M, K = x.shape
+        act = marker(NONE, rounding)
 
         def engine_call():
-            self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip, bias=bias)
+            self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip, bias=bias,
+                                sums=sums, rounding=rounding)
 
         if x.size == 0 or not (scale.flags.c_contiguous and (B is None or B.flags.c_contiguous)):
             return engine_call
@@ -71,12 +75,18 @@ class BoundCalls:
         skip_s = None if skip is None else storage_alias(skip).ravel()
         bias_t = s[:0] if bias is None or skip is None else storage_alias(bias)
         none = nothing(xs.dtype)
+        sums_s = none if sums is None else storage_alias(sums).ravel()
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
+        if x.size <= policy.SERIAL_MAX_ELEMENTS and in_place_add(x, y, scale, B, skip, bias,
+                                                                 sums, NONE, None):
+            kernel = fused_add.fused_add_rows_serial
+            return lambda: kernel(xs, xr, skip_s, K, s, b, epsilon, centered, rounding == "llama",
+                                  mean, var)
         if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
             return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,
-                                  none, 0, None, NONE)
+                                  sums_s, 0, None, act)
         skip_p = none if skip_s is None else skip_s  # the parallel kernels: empty, not None
 
         def parallel_call():  # the path decided per call, as normalize_rows decides it
@@ -87,7 +97,7 @@ class BoundCalls:
             kernel = rows.rows_streaming if path == "streaming" else rows.rows_parallel
             with launch_guard(path):
                 kernel(xs, xr, ys, yr, K, s, b, epsilon, centered, policy.rows_per_item(M, K),
-                       mean, var, skip_p, bias_t, none, 0, None, NONE)
+                       mean, var, skip_p, bias_t, sums_s, 0, None, act)
 
         return parallel_call
 

@@ -26,6 +26,7 @@ from normkernels.engine.numba_launch import (
     add_skip,
     column,
     flat_rows,
+    in_place_add,
     kernel_for,
     nothing,
     plane_moments,
@@ -37,7 +38,7 @@ from normkernels.engine.numba_launch import (
 from normkernels.engine.numba_quantized import QuantizedLoops
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import backward_dx, backward_sums, inference, instance, rows
+from normkernels.kernels import backward_dx, backward_sums, fused_add, inference, instance, rows
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
 from normkernels.kernels import rows_split as split
@@ -228,6 +229,11 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
         path = policy.resolve_path(ys, path)
+        if path == "serial" and in_place_add(x, y, scale, B, skip, bias, sums, act, res):
+            took("rows", "fused add", path)  # decode: one thread, no column tables
+            fused_add.fused_add_rows_serial(xs, xr, storage_view(skip).ravel(), K, s, b,
+                                            epsilon, centered, rounding == "llama", mean, var)
+            return mean, var
         if policy.split_rows(M, K, path):
             took("rows", "split", path)
             if skip is not None:  # few rows: the sums in NumPy, then as without skip

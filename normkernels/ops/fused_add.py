@@ -16,7 +16,7 @@ and the normalization reads the rounded sum, as vLLM's kernels do.
 
 import numpy as np
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import ALL_FLOATS
 
 FUSED_ADD_RMS = "fused_add_rms_norm"
@@ -37,8 +37,54 @@ def _in_place_rows(arr, M, K):
     return v
 
 
+class _Plan:
+    """A call plan (see :mod:`normkernels.ops.plans`) of C-contiguous x and residual and
+    contiguous parameters of x's dtype, no offset: only the checks that depend on more
+    than the key (writeable, overlaps), then the engine; and, when the very same
+    arrays keep coming (a serving loop's buffers), their bound call."""
+
+    __slots__ = ("K", "M", "centered", "engine", "epsilon", "reuse", "rounding")
+
+    def __init__(self, engine, epsilon, centered, rounding, M, K):
+        self.engine, self.epsilon, self.centered, self.rounding = (engine, epsilon, centered,
+                                                                   rounding)
+        self.M, self.K = M, K
+        self.reuse = plans.Reuse()
+
+    def __call__(self, x, residual, weight, bias):
+        arrays = (x, residual, weight, bias)
+        if not (x.flags.writeable and residual.flags.writeable):
+            return False
+        call = self.reuse.bound(arrays)
+        if call is not None:
+            call()
+            return True
+        params = (weight,) if bias is None else (weight, bias)
+        if plans.shares(x, residual, params) or plans.shares(residual, x, params):
+            return False
+        xw, rw = x.reshape(self.M, self.K), residual.reshape(self.M, self.K)
+        args = (xw, xw, weight, bias, self.epsilon, self.centered)
+        kwargs = {"skip": rw, "bias": None, "sums": rw, "rounding": self.rounding}
+        self.engine.normalize_rows(*args, **kwargs)
+        if x.nbytes <= plans.REUSE_MAX_BYTES and hasattr(self.engine, "bind_rows"):
+            self.reuse.offer(arrays, lambda: self.engine.bind_rows(
+                *args, kwargs["skip"], None, kwargs["sums"], self.rounding))
+        return True
+
+
 def _fused_add(label, centered, x, residual, weight, bias, epsilon, offset, rounding, engine,
                path):
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (label, engine, epsilon, offset, rounding, type(epsilon), type(offset),
+                   *((type(a), a.shape, a.strides, a.dtype) if a is not None else None
+                     for a in (x, residual, weight, bias)))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None and plan(x, residual, weight, bias):
+            return None
     eps = common.check_epsilon(label, epsilon)
     rounding = common.check_rounding(label, rounding)
     arrays = {"x": x, "residual": residual, "weight": weight}
@@ -77,6 +123,12 @@ def _fused_add(label, centered, x, residual, weight, bias, epsilon, offset, roun
     if x.size == 0:
         return None
     scale = common.offset_scale(label, offset, weight, x)
+    if (key is not None and eps and scale is weight and x.flags.c_contiguous
+            and residual.flags.c_contiguous and weight.flags.c_contiguous
+            and (bias is None or bias.flags.c_contiguous)
+            and all(type(a) is np.ndarray and a.dtype.isnative
+                    for a in (x, residual, weight, bias) if a is not None)):
+        plans.add(key, _Plan(engine, eps, centered, rounding, M, K))
     # the kernels read residual's rows as contiguous skip rows and write them as sums
     xr = _in_place_rows(x, M, K)
     rr = residual.reshape(M, K) if residual.flags.c_contiguous else None
