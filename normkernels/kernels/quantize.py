@@ -215,6 +215,27 @@ def _quantize_group(ys, lo, hi, d, fp8, q, qo):
 
 
 @njit(**INLINE_OPTIONS)
+def _static_row(src, so, K, f, wt, bt, d, fp8, q, qo):
+    """A row with a static scale in one pass (no scratch): ``q = quant(y op d)`` as
+    :func:`_quantize_group` of :func:`_normalize`'s y; returns the largest bits of
+    ``|y|`` (NaN above infinity: the only NaN quotient, ``d`` being finite)."""
+    xs, qs = src[so:so + K], q[qo:qo + K]
+    m, a, c = f[0], f[1], f[2]
+    top = abs_bits(f[4])
+    if fp8:
+        for i in range(K):
+            v = ((load(xs, i) - m) * a + c) * wt[i] + bt[i]
+            top = max(top, abs_bits(v))
+            qs[i] = fp8_bits(v / d)
+    else:
+        for i in range(K):
+            v = ((load(xs, i) - m) * a + c) * wt[i] + bt[i]
+            top = max(top, abs_bits(v))
+            qs[i] = np.uint8(int8_round(v * d))
+    return top
+
+
+@njit(**INLINE_OPTIONS)
 def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub, floor, q, qo,
          scales, so, ys, f, mean, var, nans, r):
     src, sr = x, xo
@@ -232,6 +253,12 @@ def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
     f[4] = 0.0
     qmax = FP8_MAX if fp8 else INT8_MAX
     count = 0
+    if static != 0.0:
+        f[3] = np.float64(static) if fp8 else 1.0 / np.float64(static)
+        top = _static_row(src, sr, K, f, wt, bt, f[3], fp8, q, qo)
+        amax = magnitude(top, f[0])
+        nans[r] = 0 if fp8 else np.int64(amax != amax)
+        return
     for g in range(K // G):
         lo = g * G
         top = _normalize(src, sr, lo, lo + G, f, wt, bt, ys)
@@ -239,12 +266,10 @@ def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
         top_nan = amax != amax
         if top_nan:
             amax = _abs_max(ys, lo, lo + G, f[4])
-        s = np.float32(static)
-        if static == 0.0:
-            s = np.float32(np.float64(amax) / qmax)
-            s = s if s < scale_ub else scale_ub
-            s = s if s > floor else floor
-            scales[so + g] = s
+        s = np.float32(np.float64(amax) / qmax)
+        s = s if s < scale_ub else scale_ub
+        s = s if s > floor else floor
+        scales[so + g] = s
         f[3] = np.float64(s) if fp8 else 1.0 / np.float64(s)
         _quantize_group(ys, lo, lo + G, f[3], fp8, q, qo)
         # a NaN quotient: a NaN y, or inf * 0 (an infinite y and scale; the spec layer

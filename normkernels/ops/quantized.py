@@ -22,6 +22,7 @@ LAYER = "quantized_layer_normalization"
 INT8 = np.dtype(np.int8)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 QUANT_DTYPES = (INT8, FP8)
+FLOAT32_TINY = np.float32(np.finfo(np.float32).tiny)
 # the dynamic scale's floor (vLLM's min_scaling_factor): float8 1 / (448 * 512), int8
 # float32's epsilon
 FLOORS = {INT8: float(np.finfo(np.float32).eps), FP8: 1.0 / (448.0 * 512.0)}
@@ -44,7 +45,7 @@ def _positive_float32(label, name, value):
     number = common.check_float_attribute(label, name, value, positive=True)
     with np.errstate(over="ignore"):
         f32 = np.float32(number)
-    if not (math.isfinite(f32) and f32 >= np.finfo(np.float32).tiny):
+    if not (math.isfinite(f32) and f32 >= FLOAT32_TINY):
         raise ValueError(f"{label}: {name} must be a normal positive finite float32 value "
                          f"(1 / {name} finite), got {number} (float32: {f32})")
     return number
