@@ -5,7 +5,8 @@
     python bench/llm_quantized.py [--repeats 7]
 
 Prints, per shape and dtype, the min time of several repeats (each a loop of calls long
-enough to be timed) and the ratio to the float output (target: <= 1.10).
+enough to be timed, the functions' loops interleaved) and the ratio to the float
+output (target: <= 1.10).
 """
 
 import argparse
@@ -22,25 +23,31 @@ INT8 = np.int8
 FP8 = ml_dtypes.float8_e4m3fn
 
 
-def timed(fn, repeats, budget=0.01):
-    """Min seconds per call over ``repeats`` loops of about ``budget`` seconds each."""
+def loops(fn, budget=0.01):
+    """Calls of ``fn`` per timed loop: about ``budget`` seconds."""
     fn()
-    n, t = 1, 0.0
+    n = 1
     while True:
         start = time.perf_counter()
         for _ in range(n):
             fn()
         t = time.perf_counter() - start
         if t >= budget / 4 or n >= 1 << 16:
-            break
+            return max(1, int(n * budget / max(t, 1e-9)))
         n *= 4
-    n = max(1, int(n * budget / max(t, 1e-9)))
-    best = np.inf
+
+
+def timed(fns, repeats):
+    """Min seconds per call of each of ``fns``, their loops interleaved (the machine is
+    shared: a busy phase then slows every function alike)."""
+    counts = [loops(fn) for fn in fns]
+    best = [np.inf] * len(fns)
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, (time.perf_counter() - start) / n)
+        for k, (fn, n) in enumerate(zip(fns, counts, strict=True)):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - start) / n)
     return best
 
 
@@ -83,18 +90,18 @@ def main():
         for dt in DTYPES:
             x = rng.standard_normal(shape).astype(dt)
             w = (1 + 0.1 * rng.standard_normal(shape[-1])).astype(dt)
-            base = timed(lambda x=x, w=w: nk.rms_normalization(x, w, epsilon=1e-6), args.repeats)
-            row = f"{shape!s:>12} {dt.name:>9} {base * 1e6:13.1f}"
-            for kw in cases.values():
-                t = timed(lambda x=x, w=w, kw=kw: nk.quantized_rms_normalization(x, w, **kw),
-                          args.repeats)
-                row += f" {t * 1e6:7.1f} ({t / base:4.2f}x)"
+            fns = [lambda x=x, w=w: nk.rms_normalization(x, w, epsilon=1e-6)]
+            fns += [lambda x=x, w=w, kw=kw: nk.quantized_rms_normalization(x, w, **kw)
+                    for kw in cases.values()]
             composite = torch_composite(x, w)
+            if composite is not None:
+                fns.append(composite)
+            base, *times = timed(fns, args.repeats)
+            row = f"{shape!s:>12} {dt.name:>9} {base * 1e6:13.1f}"
+            for t in times:
+                row += f" {t * 1e6:7.1f} ({t / base:4.2f}x)"
             if composite is None:
                 row += f" {'n/a':>14}"
-            else:
-                t = timed(composite, args.repeats)
-                row += f" {t * 1e6:7.1f} ({t / base:4.2f}x)"
             print(row, flush=True)
     print("times in microseconds per call (min of repeats); (ratio to the float output)")
 

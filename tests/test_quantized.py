@@ -531,7 +531,7 @@ def test_errors():
         f(np.float32(1), w, dtype=INT8)
     with pytest.raises(ValueError, match="rows of zero elements"):
         f(np.ones((2, 0), np.float32), np.ones(0, np.float32), dtype=INT8)
-    for bad in (0.0, -1.0, np.inf, 1e-50, 1e40):
+    for bad in (0.0, -1.0, np.inf, 1e-50, 1e-39, 1e40):
         with pytest.raises(ValueError, match="static_scale must be"):
             f(x, w, dtype=FP8, static_scale=bad)
     with pytest.raises(TypeError, match="static_scale must be a float"):

@@ -22,7 +22,8 @@ LAYER = "quantized_layer_normalization"
 INT8 = np.dtype(np.int8)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 QUANT_DTYPES = (INT8, FP8)
-FLOAT32_TINY = np.float32(np.finfo(np.float32).tiny)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 # the dynamic scale's floor (vLLM's min_scaling_factor): float8 1 / (448 * 512), int8
 # float32's epsilon
 FLOORS = {INT8: float(np.finfo(np.float32).eps), FP8: 1.0 / (448.0 * 512.0)}
@@ -43,11 +44,10 @@ def _positive_float32(label, name, value):
     """A positive finite float whose float32 rounding is a normal number (its
     reciprocal finite: the int8 quotient multiplies by it)."""
     number = common.check_float_attribute(label, name, value, positive=True)
-    with np.errstate(over="ignore"):
-        f32 = np.float32(number)
-    if not (math.isfinite(f32) and f32 >= FLOAT32_TINY):
+    if not FLOAT32_TINY <= number <= FLOAT32_MAX:
         raise ValueError(f"{label}: {name} must be a normal positive finite float32 value "
-                         f"(1 / {name} finite), got {number} (float32: {f32})")
+                         f"(in [{FLOAT32_TINY}, {FLOAT32_MAX}]: 1 / {name} finite), got "
+                         f"{number}")
     return number
 
 
