@@ -90,8 +90,8 @@ def _target(label, out, x):
     if not out.flags.writeable:
         raise ValueError(f"{label}: out is read-only")
     rows = out.reshape(-1, x.shape[-1])  # a copy when the leading axes do not merge
-    if rows.ctypes.data != out.ctypes.data or (rows.shape[1] > 1
-                                               and rows.strides[1] != rows.itemsize):
+    if not np.may_share_memory(rows, out) or (rows.shape[1] > 1
+                                              and rows.strides[1] != rows.itemsize):
         return np.empty(rows.shape, x.dtype), out, True
     return rows, out, False
 
@@ -107,9 +107,10 @@ def gated_rms_normalization(x, gate, weight, bias=None, *, epsilon=1e-6, group_s
     before = _as_bool(label, "norm_before_gate", norm_before_gate)
     G = _group(label, group_size, x.shape[-1])
     rows, result, copy = _target(label, out, x)
-    for name in ("x", "gate"):
-        if out is not None and np.shares_memory(result, arrays[name]) and not common.same_view(
-                result, arrays[name]):
+    for name in ("x", "gate"):  # may_share_memory first: bounds only (shares_memory: us)
+        arr = arrays[name]
+        if (out is not None and np.may_share_memory(result, arr)
+                and not common.same_view(result, arr) and np.shares_memory(result, arr)):
             raise ValueError(f"{label}: out overlaps {name} without being the same view")
     if x.size:
         engine.gated_rms(_rows(x), _rows(z), rows, arrays["weight"], arrays.get("bias"), G,
