@@ -40,6 +40,11 @@ from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.rows import row_statistics
 
 INT8_MAX = 127.0
+# the overloads below are compiled functions, not inlined into Numba's IR: inlined, the
+# phi nodes of their selects tripped Numba's IR scope check (NumbaIRAssumptionWarning)
+# on a cold cache; LLVM inlines them all the same (the loops stay vectorised)
+_OVERLOAD_OPTIONS = {k: v for k, v in KERNEL_OPTIONS.items() if k in ("error_model",
+                                                                        "boundscheck")}
 FP8_MAX = 448.0
 
 
@@ -62,7 +67,7 @@ f64_bits = _bitcast(types.float64, types.uint64)
 bits_f64 = _bitcast(types.uint64, types.float64)
 
 
-@njit(**INLINE_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def fp8_from_f32(v):
     """float8_e4m3fn bits of float32 ``v``: saturated to +-448 (infinities too), rounded
     to nearest even; NaN -> ``sign | 0x7f``. Normal results (>= 2**-6) round the 20
@@ -85,7 +90,7 @@ def fp8_from_f32(v):
     return np.uint8(sign | r)
 
 
-@njit(**INLINE_OPTIONS)
+@njit(**KERNEL_OPTIONS)
 def fp8_from_f64(v):
     """:func:`fp8_from_f32` for float64 ``v`` (49 dropped bits; the subnormal add
     ``|v| + 2**43``), one rounding from float64."""
@@ -108,7 +113,7 @@ def fp8_bits(v):
     raise NotImplementedError("fp8_bits is only callable from @njit code")
 
 
-@overload(fp8_bits, inline="always")
+@overload(fp8_bits, jit_options=_OVERLOAD_OPTIONS)
 def _fp8_bits_impl(v):
     if v == types.float32:
         return lambda v: fp8_from_f32(v)
@@ -123,7 +128,7 @@ def int8_round(v):
     raise NotImplementedError("int8_round is only callable from @njit code")
 
 
-@overload(int8_round, inline="always")
+@overload(int8_round, jit_options=_OVERLOAD_OPTIONS)
 def _int8_round_impl(v):
     if v not in (types.float32, types.float64):
         return None
