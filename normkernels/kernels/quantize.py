@@ -182,13 +182,21 @@ def _add_residual(x, xo, res, ro, K):
 
 
 @njit(**INLINE_OPTIONS)
-def _normalize(src, so, lo, hi, f, wt, bt, ys):
+def _normalize(src, so, lo, hi, f, wt, bt, ys, centered):
     """``ys[lo:hi] = ((x - m) * a + c) * wt + bt`` of columns ``lo..hi-1`` of row
-    ``src[so:]`` (``m, a, c`` in ``f[0:3]``, ``f[4]`` zero); returns the largest bits of ``|y|``
-    (:func:`abs_bits`: an integer maximum, which vectorises without fast-math)."""
+    ``src[so:]`` (``m, a, c`` in ``f[0:3]``, ``f[4]`` zero); returns the largest bits
+    of ``|y|`` (:func:`abs_bits`: an integer maximum, which vectorises without
+    fast-math). Not ``centered`` (RMS: ``m = 0``, ``c = -0.0``, no bias: ``bt`` is
+    ``-0.0``) the same bits as ``x * a * wt``, computed so."""
     xs, w, b, y = src[so + lo:so + hi], wt[lo:hi], bt[lo:hi], ys[lo:hi]
     m, a, c = f[0], f[1], f[2]
     top = abs_bits(f[4])  # f[4] is 0: zero in the bits' type
+    if not centered:
+        for i in range(hi - lo):
+            v = (load(xs, i) * a) * w[i]
+            y[i] = v
+            top = max(top, abs_bits(v))
+        return top
     for i in range(hi - lo):
         v = ((load(xs, i) - m) * a + c) * w[i] + b[i]
         y[i] = v
@@ -266,7 +274,7 @@ def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
         return
     for g in range(K // G):
         lo = g * G
-        top = _normalize(src, sr, lo, lo + G, f, wt, bt, ys)
+        top = _normalize(src, sr, lo, lo + G, f, wt, bt, ys, centered)
         amax = magnitude(top, f[0])
         top_nan = amax != amax
         if top_nan:
