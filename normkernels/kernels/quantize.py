@@ -228,7 +228,16 @@ def _quantize_group(ys, lo, hi, d, fp8, q, qo):
 
 
 @njit(**INLINE_OPTIONS)
-def _static_row(src, so, K, f, wt, bt, d, fp8, q, qo):
+def _y(xs, i, m, a, c, w, b, centered):
+    """y of element ``i``; not ``centered``, ``x * a * w``: the same bits (see
+    :func:`_normalize`)."""
+    if centered:
+        return ((load(xs, i) - m) * a + c) * w[i] + b[i]
+    return (load(xs, i) * a) * w[i]
+
+
+@njit(**INLINE_OPTIONS)
+def _static_row(src, so, K, f, wt, bt, d, fp8, q, qo, centered):
     """A row with a static scale in one pass (no scratch): ``q = quant(y op d)`` as
     :func:`_quantize_group` of :func:`_normalize`'s y; returns the largest bits of
     ``|y|`` (NaN above infinity: the only NaN quotient, ``d`` being finite)."""
@@ -237,12 +246,12 @@ def _static_row(src, so, K, f, wt, bt, d, fp8, q, qo):
     top = abs_bits(f[4])
     if fp8:
         for i in range(K):
-            v = ((load(xs, i) - m) * a + c) * wt[i] + bt[i]
+            v = _y(xs, i, m, a, c, wt, bt, centered)
             top = max(top, abs_bits(v))
             qs[i] = fp8_bits(v / d)
     else:
         for i in range(K):
-            v = ((load(xs, i) - m) * a + c) * wt[i] + bt[i]
+            v = _y(xs, i, m, a, c, wt, bt, centered)
             top = max(top, abs_bits(v))
             qs[i] = np.uint8(int8_round(v * d))
     return top
@@ -268,7 +277,7 @@ def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
     count = 0
     if static != 0.0:
         f[3] = np.float64(static) if fp8 else 1.0 / np.float64(static)
-        top = _static_row(src, sr, K, f, wt, bt, f[3], fp8, q, qo)
+        top = _static_row(src, sr, K, f, wt, bt, f[3], fp8, q, qo, centered)
         amax = magnitude(top, f[0])
         nans[r] = 0 if fp8 else np.int64(amax != amax)
         return
