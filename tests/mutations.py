@@ -110,6 +110,10 @@ EPI_BWD = ["tests/test_epilogue_backward.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 INLINING = "normkernels/kernels/inlining.py"
+FUSED_ADD = "normkernels/kernels/fused_add.py"
+FUSED_ADD_SPEC = "normkernels/ops/fused_add.py"
+GATED = "normkernels/kernels/gated.py"
+QK = "normkernels/kernels/qk_norm.py"
 TARGET = "normkernels/kernels/target.py"
 PORTABLE = ["tests/test_portable.py"]
 
@@ -419,6 +423,70 @@ MUTATIONS = [
                  (INLINING, "            if self.depth == 0:\n                _reset_labels()\n",
                   "")],
              ["tests/test_kernels.py", "-k", "label_counter"]),
+    # issue 32: the gated RMSNorm (mamba_ssm) and QK-norm
+    mutation("gated-after-gate-dropped", "norm_before_gate=False normalizes x, not x * silu(z)", [
+                 (GATED, "        us[i] = load(xs, i) * activate(SILU, load(zs, i))",
+                  "        us[i] = load(xs, i)")],
+             ["tests/test_gated.py", "-k", "forward_matches_oracle and after"]),
+    mutation("gated-group-offset", "every group takes the statistics of the row's first group", [
+                 (GATED, "                var[j + g] = row_statistics(x, xo + g * G, G, False)[1]",
+                  "                var[j + g] = row_statistics(x, xo, G, False)[1]")],
+             ["tests/test_gated.py", "-k", "forward_matches_oracle and g32"]),
+    mutation("gated-bias-dropped", "the bias is not added (norm before gate)", [
+                 (GATED, "        v = (load(xs, i) * a) * ws[i] + bs[i]",
+                  "        v = (load(xs, i) * a) * ws[i]")],
+             ["tests/test_gated.py", "-k", "forward_matches_oracle and before-bias"]),
+    mutation("gated-epsilon-dropped", "epsilon left out of the inverse RMS", [
+                 (GATED, "            a[g] = 1.0 / math.sqrt(var[j + g] + epsilon)",
+                  "            a[g] = 1.0 / math.sqrt(var[j + g])")],
+             ["tests/test_gated.py", "-k", "hostile_values"]),
+    mutation("qk-k-heads-q-weight", "k heads scaled by q_weight", [
+                 (QK, "            _scale(x[o + h * D:o + h * D + D], a[h], kw, llama)",
+                  "            _scale(x[o + h * D:o + h * D + D], a[h], qw, llama)")],
+             ["tests/test_qk_norm.py", "-k", "once_matches_oracle"]),
+    mutation("qk-v-heads-for-k", "the k heads' scaling is written over the v heads", [
+                 (QK, "            _scale(x[o + h * D:o + h * D + D], a[h], kw, llama)",
+                  "            _scale(x[o + (h + nk) * D:o + (h + nk) * D + D], a[h], kw, llama)")],
+             ["tests/test_qk_norm.py", "-k", "once_matches_oracle"]),
+    mutation("qk-llama-rounds-once", "rounding='llama' skips the rounding of x_hat to T", [
+                 (QK, "    if llama:\n", "    if llama and False:\n")],
+             ["tests/test_qk_norm.py", "-k", "llama_rounding"]),
+    mutation("gated-backward-silu-slope", "silu' = s (1 + z s) instead of s (1 + z (1 - s))", [
+                 (GATED, "    return s * (1.0 + zv * (1.0 - s))", "    return s * (1.0 + zv * s)")],
+             ["tests/test_gated.py", "-k", "backward_matches_oracle"]),
+    mutation("gated-backward-mean-over-row", "the backward's mean(h g) divides by the row "
+             "length, not the group size", [
+                 (GATED, "            c = c / G", "            c = c / K")],
+             ["tests/test_gated.py", "-k", "backward_matches_oracle and g32"]),
+    # issue 32: Llama's rounding, Gemma's offset, the in-place fused add
+    mutation("llama-vectors-round-once", "the row vectors skip Llama's rounding of the "
+             "normalized value", [
+                 (ROW_VECTORS, '        if sig.args[-1].rounding == "llama":  # rounded',
+                  '        if False:  # rounded')],
+             ["tests/test_llm_rows.py", "-k", "llama_is_the_rounded"]),
+    mutation("llama-scalar-round-once", "the row kernels' scalar heads and tails skip Llama's "
+             "rounding", [
+                 (ROWS_K, '    if act.rounding == "llama":\n        return lambda y, act, value: '
+                  'round_to_storage(y, value)', '    if False:\n        return lambda y, act, '
+                  'value: round_to_storage(y, value)')],
+             ["tests/test_llm_rows.py", "-k", "rms_rounding_matches and llama and odd"]),
+    mutation("gemma-offset-ignored", "offset= is not added to the weight", [
+                 (COMMON, "    if offset == 0:\n        return scale",
+                  "    if True:\n        return scale")],
+             ["tests/test_llm_rows.py", "-k", "gemma"]),
+    mutation("fused-add-sums-not-kept", "the decode kernel leaves the residual unwritten", [
+                 (FUSED_ADD, "        store(rs, i, row_load(xs, i) + row_load(rs, i))",
+                  "        row_load(xs, i) + row_load(rs, i)")],
+             ["tests/test_llm_rows.py", "-k", "fused_add_rms_norm and decode1"]),
+    mutation("fused-add-llama-ignored", "the decode kernel rounds once under Llama's rounding", [
+                 (FUSED_ADD, "    if llama:\n        for i in range(K):\n            if B.size:",
+                  "    if False:\n        for i in range(K):\n            if B.size:")],
+             ["tests/test_llm_rows.py", "-k", "fused_add_rms_norm and llama and decode4"]),
+    mutation("fused-add-plan-skips-overlap", "a planned fused add does not check x against the "
+             "residual", [
+                 (FUSED_ADD_SPEC, "        if plans.shares(x, residual, params) or "
+                  "plans.shares(residual, x, params):", "        if False:")],
+             ["tests/test_llm_rows.py", "-k", "bound_and_planned"]),
     mutation("bind-copies-read-only-params", "a bound inference call copies small "
              "read-only parameters at binding (later contents unseen)", [
                  (BOUND, "        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), "

@@ -23,7 +23,7 @@ SHAPES = {"odd": (5, 37), "k1": (7, 1), "decode1": (1, 4096), "decode4": (4, 409
 
 
 def _data(rng, shape, dtype, offset=0.0):
-    lead = shape[:-1] + (1,)
+    lead = (*shape[:-1], 1)
     x = (rng.standard_normal(shape) * rng.uniform(0.5, 2, lead) + offset).astype(dtype)
     w = (rng.uniform(0.5, 2, shape[-1]) * rng.choice([-1, 1], shape[-1])).astype(dtype)
     return x, w
@@ -256,7 +256,7 @@ def test_fused_add_errors(rng):
         nk.fused_add_rms_norm(x, x, w)
     with pytest.raises(ValueError, match="rounding must be one of"):
         nk.fused_add_rms_norm(x, r, w, rounding="gemma")
-    with pytest.raises(TypeError, match="x must be a numpy.ndarray"):
+    with pytest.raises(TypeError, match=r"x must be a numpy\.ndarray"):
         nk.fused_add_rms_norm(x.tolist(), r, w)
     with pytest.raises(TypeError, match="offset must be a float"):
         nk.fused_add_rms_norm(x, r, w, offset="1")

@@ -90,10 +90,11 @@ def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add
     return Y, a, var, X, s
 
 
-def _add_plan(key, given, checked, engine, epsilon, a, out, finish):
+def _add_plan(key, given, checked, engine, epsilon, a, out, finish, rounding="once"):
     X, s = checked
     if key is not None and epsilon and s.dtype == X.dtype and plans.plain(given, checked):
-        plans.add(key, rows.plan(engine, epsilon, False, X, a, (s,), out, finish))
+        plans.add(key, rows.plan(engine, epsilon, False, X, a, (s,), out, finish,
+                                 rounding=rounding))
 
 
 def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
@@ -103,10 +104,10 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
     key = None
     # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
     # and the Gemma and Llama forms
-    plain = (activation is None and add is None and rounding == "once"
-             and type(offset) in (int, float) and offset == 0)
+    plain = (activation is None and add is None and type(offset) in (int, float)
+             and offset == 0)
     if path is None and plain:
-        key = _key(OP, engine, (opset, axis, epsilon, stash_type), X, scale, out)
+        key = _key(OP, engine, (opset, axis, epsilon, stash_type, rounding), X, scale, out)
         Y = None if key is None else _planned(key, X, scale, out)
         if Y is not None:
             return Y
@@ -118,7 +119,7 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
     stash_dtype(label, attrs["stash_type"], RMS_STASH)  # checked; no output has it
     Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path,
                              activation, add, offset, rounding)
-    _add_plan(key, (X, scale), checked, engine, eps, a, out, _first)
+    _add_plan(key, (X, scale), checked, engine, eps, a, out, _first, rounding)
     return Y
 
 

@@ -215,6 +215,7 @@ class Plan(NamedTuple):
     dtype: object
     finish: object
     reuse: plans.Reuse
+    rounding: str = "once"
 
     def __call__(self, X, scale, B, out, skip=None, bias=None):
         arrays = (X, scale, B, out, skip, bias)
@@ -231,14 +232,15 @@ class Plan(NamedTuple):
         args = (X.reshape(M, K), y.reshape(M, K), scale.reshape(K),
                 None if B is None else B.reshape(K), self.epsilon, self.centered,
                 None if skip is None else skip.reshape(-1, K), bias)
-        mean, var = self.engine.normalize_rows(*args)
+        mean, var = self.engine.normalize_rows(*args, rounding=self.rounding)
         result = self.finish(y, mean, var)
         if result is y and plans.reusable(X, out, self.engine):
-            self.reuse.offer(arrays, lambda: self.engine.bind_rows(*args))
+            self.reuse.offer(arrays, lambda: self.engine.bind_rows(*args,
+                                                                   rounding=self.rounding))
         return result
 
 
-def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None):
+def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, rounding="once"):
     """The :class:`Plan` of a call that just passed the full checks, or None when it
     needs the full path (a copy of X, Y or skip, the general path, an empty X)."""
     M, K = rows_shape(X.shape, a)
@@ -251,4 +253,5 @@ def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None):
     columns = (X.shape[a:], (K,))
     if any(p.shape not in columns or not p.flags.c_contiguous for p in params):
         return None
-    return Plan(engine, epsilon, centered, M, K, X.shape, X.dtype, finish, plans.Reuse())
+    return Plan(engine, epsilon, centered, M, K, X.shape, X.dtype, finish, plans.Reuse(),
+                rounding)
