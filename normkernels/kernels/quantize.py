@@ -22,7 +22,8 @@ Per row ``r`` of ``K`` elements (flat storage arrays and row strides, as
    float8_e4m3fn saturates to +-448 and rounds to nearest even from the bits
    (:func:`fp8_bits`), NaN stays NaN (``sign | 0x7f``).
 
-y is kept in a per-row scratch between the maximum and the quotient: recomputing it
+With a static scale a row is one pass (no maximum, no scratch). Dynamic, y is kept
+in a per-row scratch between the maximum and the quotient: recomputing it
 there from X (the same bits) was slower (512 x 4096 bfloat16 to int8 on one thread:
 0.45 ns per element against 0.30; float8 0.56 against 0.40).
 """
