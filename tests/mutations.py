@@ -113,6 +113,8 @@ INLINING = "normkernels/kernels/inlining.py"
 FUSED_ADD = "normkernels/kernels/fused_add.py"
 FUSED_ADD_SPEC = "normkernels/ops/fused_add.py"
 GATED = "normkernels/kernels/gated.py"
+QUANT_K = "normkernels/kernels/quantize.py"
+QUANT_SPEC = "normkernels/ops/quantized.py"
 QK = "normkernels/kernels/qk_norm.py"
 TARGET = "normkernels/kernels/target.py"
 PORTABLE = ["tests/test_portable.py"]
@@ -475,8 +477,8 @@ MUTATIONS = [
                   "    if True:\n        return scale")],
              ["tests/test_llm_rows.py", "-k", "gemma"]),
     mutation("fused-add-sums-not-kept", "the decode kernel leaves the residual unwritten", [
-                 (FUSED_ADD, "        store(rs, i, row_load(xs, i) + row_load(rs, i))",
-                  "        row_load(xs, i) + row_load(rs, i)")],
+                 (FUSED_ADD, "        store(rs, i, load(xs, i) + load(rs, i))",
+                  "        load(xs, i) + load(rs, i)")],
              ["tests/test_llm_rows.py", "-k", "fused_add_rms_norm and decode1"]),
     mutation("fused-add-llama-ignored", "the decode kernel rounds once under Llama's rounding", [
                  (FUSED_ADD, "    if llama:\n        for i in range(K):\n            if B.size:",
@@ -487,6 +489,36 @@ MUTATIONS = [
                  (FUSED_ADD_SPEC, "        if plans.shares(x, residual, params) or "
                   "plans.shares(residual, x, params):", "        if False:")],
              ["tests/test_llm_rows.py", "-k", "bound_and_planned"]),
+    # issue 32: normalizations with int8 / float8 outputs
+    mutation("quantized/fp8-ties-up", "float8 conversion rounds ties up (the tie-break's lsb "
+             "dropped)", [
+                 (QUANT_K, "normal = np.uint32(np.uint32((a + np.uint32(0x7FFFF) + lsb) >> "
+                  "np.uint32(20))", "normal = np.uint32(np.uint32((a + np.uint32(0x80000) + 0 * "
+                  "lsb) >> np.uint32(20))")],
+             ["tests/test_quantized.py", "-k", "fp8_conversion_is_correctly_rounded"]),
+    mutation("quantized/int8-qmax-128", "int8 dynamic scale divides max|y| by 128, not 127", [
+                 (QUANT_K, "qmax = FP8_MAX if fp8 else INT8_MAX",
+                  "qmax = FP8_MAX if fp8 else 128.0")],
+             ["tests/test_quantized.py", "-k", "against_the_oracle and float32-int8-rms-dynamic"]),
+    mutation("quantized/floor-dropped", "the dynamic scale's floor not applied", [
+                 (QUANT_K, "s = s if s > floor else floor", "s = s if s > floor else s")],
+             ["tests/test_quantized.py", "-k", "zero_rows_take_the_floor"]),
+    mutation("quantized/residual-not-normalized", "with residual, x is normalized instead of "
+             "x + residual", [
+                 (QUANT_K, "        src, sr = res, ro\n", "        src, sr = x, xo\n")],
+             ["tests/test_quantized.py", "-k", "residual_is_added_in_place_first"]),
+    mutation("quantized/group-scale-index", "per-group scales all written to the row's first "
+             "group", [(QUANT_K, "scales[so + g] = s", "scales[so] = s")],
+             ["tests/test_quantized.py", "-k", "against_the_oracle and group"]),
+    mutation("quantized/mean-residual-dropped", "the float32 fold drops the mean's residual c", [
+                 (QUANT_K, "        f[2] = -((mu - np.float64(f[0])) * inv)\n",
+                  "        f[2] = -0.0\n")],
+             ["tests/test_quantized.py", "-k", "large_offsets"]),
+    mutation("quantized/scale-ub-ignored", "scale_ub checked but not passed on", [
+                 (QUANT_SPEC, 'ub = None if scale_ub is None else _positive_float32(label, '
+                  '"scale_ub", scale_ub)', 'ub = None if scale_ub is None else '
+                  '_positive_float32(label, "scale_ub", scale_ub) and None')],
+             ["tests/test_quantized.py", "-k", "against_the_oracle and ub"]),
     mutation("bind-copies-read-only-params", "a bound inference call copies small "
              "read-only parameters at binding (later contents unseen)", [
                  (BOUND, "        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), "

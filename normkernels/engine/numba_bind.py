@@ -78,11 +78,20 @@ class BoundCalls:
         sums_s = none if sums is None else storage_alias(sums).ravel()
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
-        if x.size <= policy.SERIAL_MAX_ELEMENTS and in_place_add(x, y, scale, B, skip, bias,
-                                                                 sums, NONE, None):
-            kernel = fused_add.fused_add_rows_serial
-            return lambda: kernel(xs, xr, skip_s, K, s, b, epsilon, centered, rounding == "llama",
-                                  mean, var)
+        if in_place_add(x, y, scale, B, skip, bias, sums, NONE, None):
+            args = (xs, xr, skip_s, K, s, b, epsilon, centered, rounding == "llama", mean, var)
+            if x.size <= policy.SERIAL_MAX_ELEMENTS:
+                return lambda: fused_add.fused_add_rows_serial(*args)
+
+            def in_place_call():  # the path decided per call, as normalize_rows decides it
+                path = policy.resolve_path(ys, None)
+                if path == "serial" or policy.split_rows(M, K, path):
+                    return engine_call()
+                took("rows", "fused add", path)
+                with launch_guard(path):
+                    fused_add.fused_add_rows_parallel(*args, policy.rows_per_item(M, K))
+
+            return in_place_call
         if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
             return lambda: kernel(xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s, bias_t,

@@ -229,10 +229,16 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
         path = policy.resolve_path(ys, path)
-        if path == "serial" and in_place_add(x, y, scale, B, skip, bias, sums, act, res):
-            took("rows", "fused add", path)  # decode: one thread, no column tables
-            fused_add.fused_add_rows_serial(xs, xr, storage_view(skip).ravel(), K, s, b,
-                                            epsilon, centered, rounding == "llama", mean, var)
+        if (in_place_add(x, y, scale, B, skip, bias, sums, act, res)
+                and not policy.split_rows(M, K, path)):  # no column tables, no aliasing
+            took("rows", "fused add", path)
+            args = (xs, xr, storage_view(skip).ravel(), K, s, b, epsilon, centered,
+                    rounding == "llama", mean, var)
+            if path == "serial":
+                fused_add.fused_add_rows_serial(*args)
+            else:
+                with launch_guard(path):
+                    fused_add.fused_add_rows_parallel(*args, policy.rows_per_item(M, K))
             return mean, var
         if policy.split_rows(M, K, path):
             took("rows", "split", path)
