@@ -48,7 +48,7 @@ from normkernels import reference
 from normkernels.engine import PATHS, numba_launch, policy, threads
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.kernels import backward_dx, backward_sums
+from normkernels.kernels import backward_dx, backward_sums, fused_add
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
 from normkernels.kernels import lp as lp_kernels
@@ -60,6 +60,7 @@ from normkernels.ops import backward as backward_spec
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import common, plans
+from normkernels.ops import fused_add as fused_add_spec
 from normkernels.ops import group_normalization as gn_spec
 from normkernels.ops import instance_normalization as in_spec
 from normkernels.ops import layer_normalization as ln_spec
@@ -75,7 +76,8 @@ EPS = 1e-3
 KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels,
                   "instance": instance_kernels, "inference": inference_kernels,
                   "rows": rows_kernels, "lp_kernels": lp_kernels, "lrn_kernels": lrn_kernels,
-                  "backward_sums": backward_sums, "backward_dx": backward_dx}
+                  "backward_sums": backward_sums, "backward_dx": backward_dx,
+                  "fused_add": fused_add}
 
 
 @dataclass(frozen=True)
@@ -225,12 +227,19 @@ CASES.update({
     "skip-fused-serial": case("skip", (40, 7), "NCX", ["rows/fused/serial"], path="serial"),
     "skip-split-parallel": case("skip", (2, 3, 100), "NCX", ["rows/split/parallel"],
                                 path="parallel", patch=SPLIT),
+    # vLLM's in-place fused add (the residual as skip and sums): its table-free kernels
+    "fused-add-serial": case("fused-add", (40, 7), "NCX", ["rows/fused add/serial"],
+                             path="serial"),
+    **{f"fused-add-{p}": case("fused-add", ROWS, "NCX", [f"rows/fused add/{p}"], path=p)
+       for p in ("parallel", "streaming")},
+    "fused-add-split-parallel": case("fused-add", (2, 3, 100), "NCX", ["rows/split/parallel"],
+                                     path="parallel", patch=SPLIT),
     # the normalize pass alone from given statistics (chunked rows in normkernels.dask)
     **{f"rows-from-statistics-{p}": case("rows-stats", (12, 100), "NCX",
                                          [f"rows/from-statistics/{p}"], path=p)
        for p in PATHS},
 })
-ROW_OPS = ("layer", "rms", "skip", "rows-stats", "rows-grad")
+ROW_OPS = ("layer", "rms", "skip", "fused-add", "rows-stats", "rows-grad")
 CASES.update({f"rows-grad-{p}": case("rows-grad", (12, 100), "NCX", [f"rows_backward/{p}"],
                                      path=p) for p in ("serial", "parallel")})
 
@@ -288,7 +297,8 @@ CASES.update({
        for p in ("serial", "parallel", "streaming")},
 })
 
-DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "rows-stats": FLOATS,
+DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "fused-add": FLOATS,
+          "rows-stats": FLOATS,
           "rows-grad": FLOATS,
           "bn": FLOATS, "training": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
@@ -318,9 +328,10 @@ def row_data(rng, case, dtype):
         X = X.astype(dtype)
     cols = shape[a:]
     params = [rng.uniform(0.5, 2, cols) * rng.choice([-1, 1], cols), rng.standard_normal(cols)]
-    if case.op == "skip":
-        params = [rng.standard_normal(shape[-1:]) * 0.5, rng.standard_normal(shape) * 0.5,
-                  rng.uniform(0.5, 2, shape[-1:]), rng.standard_normal(shape[-1:])]
+    if case.op in ("skip", "fused-add"):  # the fused add has no bias: 0
+        params = [rng.standard_normal(shape[-1:]) * 0.5 * (case.op == "skip"),
+                  rng.standard_normal(shape) * 0.5, rng.uniform(0.5, 2, shape[-1:]),
+                  rng.standard_normal(shape[-1:])]
     return X, params
 
 
@@ -369,6 +380,10 @@ def run(case, X, params, dtype, engine=ENGINE):
                                         case.path)
             return Y, p
         bias, skip, gamma, beta = p
+        if case.op == "fused-add":  # in place on copies: (Y, the sums)
+            Y, sums = X.copy(), skip.copy()
+            fused_add_spec.fused_add_layer_norm(Y, sums, gamma, beta, epsilon=EPS, **kw)
+            return (Y, sums), p
         return skip_spec.skip_layer_normalization(X, skip, gamma, beta, bias, epsilon=EPS,
                                                   num_outputs=4, **kw), p
     if case.op == "bn":
@@ -465,9 +480,10 @@ def check_rows_with_oracle(case, X, params, result):
         assert_close(result, y, row_tolerance(X, params[0], None, mean, var, EPS, X.dtype,
                                               centered=False))
         return
-    if case.op == "skip":
+    if case.op in ("skip", "fused-add"):
         bias, skip, weight, beta = params
-        Y, mean_out, inv_out, sums = result
+        Y, mean_out, inv_out, sums = result if case.op == "skip" else (result[0], None, None,
+                                                                       result[1])
         terms = [v.astype(np.float64) for v in (X, skip, bias)]
         exact_sums = (terms[0] + terms[1]) + terms[2]
         # two roundings in the compute dtype (of terms that may cancel), one to X's dtype
@@ -482,6 +498,8 @@ def check_rows_with_oracle(case, X, params, result):
         scale, B = params
     y, mean, var = row_norm(X, scale, B, EPS, a)
     assert_close(Y, y, row_tolerance(X, scale, B, mean, var, EPS, X.dtype))
+    if mean_out is None:  # the fused add returns no statistics
+        return
     d_mean, d_var = statistics_tolerance(mean, var, X.dtype)
     assert_close(mean_out, mean, rounded_statistic_tolerance(mean, mean_out.dtype, d_mean),
                  "Mean")
@@ -728,13 +746,14 @@ class KernelStatisticsTwin:
         return ENGINE.group_grad_sums(x, dy, planes, S, group, path)
 
     def normalize_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None,
-                       sums=None, path=None):
+                       sums=None, path=None, rounding="once"):
         mean, var = ENGINE.normalize_rows(x, np.empty_like(y), scale, B, epsilon, centered,
-                                          skip, bias, None, path)
+                                          skip, bias, None, path, rounding=rounding)
         src = x if skip is None else reference.skip_sums(x, skip, bias)
         if sums is not None:
             sums[...] = src
-        reference.normalize_rows_from(src, y, scale, B, epsilon, centered, mean, var)
+        reference.normalize_rows_from(src, y, scale, B, epsilon, centered, mean, var,
+                                      rounding=rounding)
         return mean, var
 
 
@@ -765,7 +784,7 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
-@pytest.mark.parametrize("op", ["layer", "rms", "skip"])
+@pytest.mark.parametrize("op", ["layer", "rms", "skip", "fused-add"])
 def test_row_paths_give_the_same_bits(rng, monkeypatch, op, dtype):
     """Every path of a row normalization (fused on each path, split, and the
     one-thread twins of a forked child) gives the same outputs, bit for bit: the
