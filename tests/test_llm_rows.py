@@ -213,15 +213,16 @@ def test_fused_add_paths_and_twin(rng, monkeypatch, dtype):
     monkeypatch.setattr(policy, "ASLEEP_SERIAL_FACTOR", 0)
     x0, w = _data(rng, (33, 257), dtype)
     r0 = rng.standard_normal(x0.shape).astype(dtype)
-    results = []
     engines = [(ENGINE, p) for p in ("serial", "parallel", "streaming")]
-    for engine, path in [*engines, (reference.NumPyEngine(), None)]:
-        x, r = x0.copy(), r0.copy()
-        fused_spec.fused_add_rms_norm(x, r, w, epsilon=EPS, engine=engine, path=path)
-        results.append((x, r))
-    for x, r in results[1:]:
-        assert_identical(x, results[0][0])
-        assert_identical(r, results[0][1])
+    for kw in ({}, {"offset": 1.0, "rounding": "once"}, {"offset": 1.0}):
+        results = []
+        for engine, path in [*engines, (reference.NumPyEngine(), None), (ENGINE, None)]:
+            x, r = x0.copy(), r0.copy()
+            fused_spec.fused_add_rms_norm(x, r, w, epsilon=EPS, engine=engine, path=path, **kw)
+            results.append((x, r))
+        for x, r in results[1:]:
+            assert_identical(x, results[0][0])
+            assert_identical(r, results[0][1])
 
 
 def test_fused_add_hostile_values(rng):

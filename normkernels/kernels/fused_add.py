@@ -13,7 +13,9 @@ filling two -0.0 tables of ``K`` cost more than the normalization of a row of 40
 (about 2 us a row here, 15 us through the table kernels, on a shared VM).
 """
 
+import numpy as np
 from numba import njit, prange
+from numba.core.extending import overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.elements import (
@@ -25,6 +27,20 @@ from normkernels.kernels.elements import (
 )
 from normkernels.kernels.options import KERNEL_OPTIONS
 from normkernels.kernels.rows import fold_row, row_statistics
+
+
+def _param(x, p, i):
+    """Parameter ``p[i]`` (any storage dtype) in x's row compute dtype, as the row
+    kernels' column tables hold it (float32 for 16-bit x, else float64); ``@njit``
+    only."""
+    raise NotImplementedError("_param is only callable from @njit code")
+
+
+@overload(_param, inline="always")
+def _param_impl(x, p, i):
+    if x.dtype.bitwidth == 16:
+        return lambda x, p, i: np.float32(load(p, i))
+    return lambda x, p, i: np.float64(load(p, i))
 
 
 @njit(**KERNEL_OPTIONS)
@@ -44,15 +60,15 @@ def _normalize_row(x, xo, r, ro, K, w, B, m, a, c, b, llama):
     if llama:
         for i in range(K):
             if B.size:
-                b = row_load(B, i)
+                b = _param(xs, B, i)
             v = round_to_storage(xs, (row_load(rs, i) - m) * a + c)
-            store(xs, i, v * row_load(w, i) + b)
+            store(xs, i, v * _param(xs, w, i) + b)
     elif B.size:
         for i in range(K):
-            store(xs, i, ((row_load(rs, i) - m) * a + c) * row_load(w, i) + row_load(B, i))
+            store(xs, i, ((row_load(rs, i) - m) * a + c) * _param(xs, w, i) + _param(xs, B, i))
     else:
         for i in range(K):
-            store(xs, i, ((row_load(rs, i) - m) * a + c) * row_load(w, i) + b)
+            store(xs, i, ((row_load(rs, i) - m) * a + c) * _param(xs, w, i) + b)
 
 
 @njit(**KERNEL_OPTIONS)
@@ -73,8 +89,9 @@ def fused_add_item(x, xr, r, K, w, B, epsilon, centered, llama, mean, var, first
 def fused_add_rows_serial(x, xr, r, K, w, B, epsilon, centered, llama, mean, var):
     """Rows ``0..mean.size-1``: ``x`` row ``i`` at ``i * xr`` (read, then written with
     Y), ``r`` contiguous rows of ``K`` (written with the sums); ``w`` and ``B`` (empty:
-    none) the parameters in x's storage dtype; float64 statistics into ``mean`` and
-    ``var`` (the mean square when not ``centered``)."""
+    none) the parameters in any storage dtype (widened as the column tables widen
+    them); float64 statistics into ``mean`` and ``var`` (the mean square when not
+    ``centered``)."""
     fused_add_item(x, xr, r, K, w, B, epsilon, centered, llama, mean, var, 0, mean.size)
 
 

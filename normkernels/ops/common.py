@@ -236,8 +236,9 @@ def offset_scale(op, offset, scale, X):
     if offset == 0:
         return scale
     wide = FLOAT64 if FLOAT64 in (X.dtype, scale.dtype) else FLOAT32
-    with np.errstate(all="ignore"):
-        return scale.astype(wide) + wide.type(offset)
+    # one new array; no errstate (adding a finite offset raises no floating-point flag
+    # that matters: the largest float32 plus 1 is itself, NaN and inf pass through)
+    return np.add(scale, wide.type(offset), dtype=wide)
 
 
 def check_epsilon(op, epsilon, positive=False):

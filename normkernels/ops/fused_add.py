@@ -39,15 +39,17 @@ def _in_place_rows(arr, M, K):
 
 class _Plan:
     """A call plan (see :mod:`normkernels.ops.plans`) of C-contiguous x and residual and
-    contiguous parameters of x's dtype, no offset: only the checks that depend on more
-    than the key (writeable, overlaps), then the engine; and, when the very same
-    arrays keep coming (a serving loop's buffers), their bound call."""
+    contiguous parameters: only the checks that depend on more than the key (writeable,
+    overlaps), then the engine; and, when the very same arrays keep coming (a serving
+    loop's buffers) and there is no offset (whose ``offset + weight`` is made per
+    call), their bound call."""
 
-    __slots__ = ("K", "M", "centered", "engine", "epsilon", "reuse", "rounding")
+    __slots__ = ("K", "M", "centered", "engine", "epsilon", "label", "offset", "reuse",
+                 "rounding")
 
-    def __init__(self, engine, epsilon, centered, rounding, M, K):
-        self.engine, self.epsilon, self.centered, self.rounding = (engine, epsilon, centered,
-                                                                   rounding)
+    def __init__(self, label, engine, epsilon, centered, offset, rounding, M, K):
+        self.label, self.engine, self.epsilon, self.centered = label, engine, epsilon, centered
+        self.offset, self.rounding = offset, rounding
         self.M, self.K = M, K
         self.reuse = plans.Reuse()
 
@@ -63,10 +65,12 @@ class _Plan:
         if plans.shares(x, residual, params) or plans.shares(residual, x, params):
             return False
         xw, rw = x.reshape(self.M, self.K), residual.reshape(self.M, self.K)
-        args = (xw, xw, weight, bias, self.epsilon, self.centered)
+        scale = common.offset_scale(self.label, self.offset, weight, x)
+        args = (xw, xw, scale, bias, self.epsilon, self.centered)
         kwargs = {"skip": rw, "bias": None, "sums": rw, "rounding": self.rounding}
         self.engine.normalize_rows(*args, **kwargs)
-        if x.nbytes <= plans.REUSE_MAX_BYTES and hasattr(self.engine, "bind_rows"):
+        if (scale is weight and x.nbytes <= plans.REUSE_MAX_BYTES
+                and hasattr(self.engine, "bind_rows")):
             self.reuse.offer(arrays, lambda: self.engine.bind_rows(
                 *args, kwargs["skip"], None, kwargs["sums"], self.rounding))
         return True
@@ -123,12 +127,12 @@ def _fused_add(label, centered, x, residual, weight, bias, epsilon, offset, roun
     if x.size == 0:
         return None
     scale = common.offset_scale(label, offset, weight, x)
-    if (key is not None and eps and scale is weight and x.flags.c_contiguous
+    if (key is not None and eps and x.flags.c_contiguous
             and residual.flags.c_contiguous and weight.flags.c_contiguous
             and (bias is None or bias.flags.c_contiguous)
             and all(type(a) is np.ndarray and a.dtype.isnative
                     for a in (x, residual, weight, bias) if a is not None)):
-        plans.add(key, _Plan(engine, eps, centered, rounding, M, K))
+        plans.add(key, _Plan(label, engine, eps, centered, offset, rounding, M, K))
     # the kernels read residual's rows as contiguous skip rows and write them as sums
     xr = _in_place_rows(x, M, K)
     rr = residual.reshape(M, K) if residual.flags.c_contiguous else None
