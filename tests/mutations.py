@@ -471,7 +471,7 @@ MUTATIONS = [
                  (ROWS_K, '    if act.rounding == "llama":\n        return lambda y, act, value: '
                   'round_to_storage(y, value)', '    if False:\n        return lambda y, act, '
                   'value: round_to_storage(y, value)')],
-             ["tests/test_llm_rows.py", "-k", "rms_rounding_matches and llama and odd"]),
+             ["tests/test_llm_rows.py", "-k", "llama_is_the_rounded"]),
     mutation("gemma-offset-ignored", "offset= is not added to the weight", [
                  (COMMON, "    if offset == 0:\n        return scale",
                   "    if True:\n        return scale")],
