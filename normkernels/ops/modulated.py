@@ -44,10 +44,10 @@ def _per_sample(label, name, p, X):
     return p.reshape(N, C).astype(np.float64)
 
 
-def ada_layer_norm(X, shift, scale, *, epsilon=EPSILON, residual=None, gate=None, out=None,
-                   engine, path=None):
-    """Spec layer of :func:`normkernels.ada_layer_norm`."""
-    label = ADA
+def _ada_arguments(label, epsilon, X, shift, scale, residual, gate):
+    """AdaLN's checks shared by the forward and the backward: ``(epsilon, X, params,
+    tables)``, the per-sample parameters checked (gate only with a residual) and as
+    float64 ``(N, C)`` tables."""
     eps = common.check_epsilon(label, epsilon)
     X = common.as_array("X", X)
     common.check_dtype(label, "X", X, ALL_FLOATS)
@@ -62,7 +62,14 @@ def ada_layer_norm(X, shift, scale, *, epsilon=EPSILON, residual=None, gate=None
         params["gate"] = common.as_array("gate", gate)
     for name, p in params.items():
         common.check_dtype(label, name, p, ALL_FLOATS)
-    tables = {name: _per_sample(label, name, p, X) for name, p in params.items()}
+    return eps, X, params, {name: _per_sample(label, name, p, X) for name, p in params.items()}
+
+
+def ada_layer_norm(X, shift, scale, *, epsilon=EPSILON, residual=None, gate=None, out=None,
+                   engine, path=None):
+    """Spec layer of :func:`normkernels.ada_layer_norm`."""
+    label = ADA
+    eps, X, params, tables = _ada_arguments(label, epsilon, X, shift, scale, residual, gate)
     inputs = {"X": X}
     if residual is not None:
         inputs["residual"] = common.as_array("residual", residual)
@@ -162,22 +169,8 @@ def ada_layer_norm_backward(dY, X, shift, scale, *, epsilon=EPSILON, residual=No
     from normkernels.dtypes import row_compute_dtype
 
     label = ADA + "_backward"
-    eps = common.check_epsilon(label, epsilon)
-    X = common.as_array("X", X)
     dY = common.as_array("dY", dY)
-    common.check_dtype(label, "X", X, ALL_FLOATS)
-    if X.ndim < 2:
-        raise ValueError(f"{label}: X must have at least 2 dimensions (N, ..., C), got "
-                         f"shape {X.shape}")
-    params = {"shift": common.as_array("shift", shift), "scale": common.as_array("scale", scale)}
-    if gate is not None:
-        if residual is None:
-            raise ValueError(f"{label}: gate scales X into the residual stream: it needs "
-                             "residual")
-        params["gate"] = common.as_array("gate", gate)
-    for name, p in params.items():
-        common.check_dtype(label, name, p, ALL_FLOATS)
-    tables = {name: _per_sample(label, name, p, X) for name, p in params.items()}
+    eps, X, params, tables = _ada_arguments(label, epsilon, X, shift, scale, residual, gate)
     inputs = {"dY": dY}
     if residual is not None:
         inputs["residual"] = common.as_array("residual", residual)
