@@ -151,9 +151,10 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
         y2 = _rows_view(Y, M, K)
         target = y2 if y2 is not None else np.empty((M, K), out_dtype)
         extra = common.epilogue(act, None if res is None else rows_in(res, M, K))
+        if rounding != "once":  # an engine call without it passes none (older engines)
+            extra["rounding"] = rounding
         mean, var = engine.normalize_rows(x2, target, s, b, epsilon, centered, skip=skip,
-                                          bias=bias, sums=sums, path=path, rounding=rounding,
-                                          **extra)
+                                          bias=bias, sums=sums, path=path, **extra)
         if y2 is None:
             np.copyto(Y, target.reshape(shape))
         return Y, mean, var
@@ -232,11 +233,11 @@ class Plan(NamedTuple):
         args = (X.reshape(M, K), y.reshape(M, K), scale.reshape(K),
                 None if B is None else B.reshape(K), self.epsilon, self.centered,
                 None if skip is None else skip.reshape(-1, K), bias)
-        mean, var = self.engine.normalize_rows(*args, rounding=self.rounding)
+        extra = {} if self.rounding == "once" else {"rounding": self.rounding}
+        mean, var = self.engine.normalize_rows(*args, **extra)
         result = self.finish(y, mean, var)
         if result is y and plans.reusable(X, out, self.engine):
-            self.reuse.offer(arrays, lambda: self.engine.bind_rows(*args,
-                                                                   rounding=self.rounding))
+            self.reuse.offer(arrays, lambda: self.engine.bind_rows(*args, **extra))
         return result
 
 
