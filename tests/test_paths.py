@@ -12,10 +12,13 @@ engine has no case, so a path added later cannot go untested.
 
 import ast
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
+import test_gated as gated_tests
+import test_qk_norm as qk_tests
+import test_quantized as quantized_tests
 from arrays import FLOAT_IDS, FLOATS, assert_identical, to_layout
 from numba.core.dispatcher import Dispatcher
 from oracle import (
@@ -44,15 +47,17 @@ from oracle import (
     ulp_close,
 )
 
-from normkernels import reference
-from normkernels.engine import PATHS, numba_launch, policy, threads
+from normkernels import reference, reference_quantized
+from normkernels.engine import PATHS, numba_gated, numba_launch, numba_quantized, policy, threads
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.kernels import backward_dx, backward_sums, fused_add
+from normkernels.kernels import backward_dx, backward_sums, fused_add, quantize
+from normkernels.kernels import gated as gated_kernels
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
+from normkernels.kernels import qk_norm as qk_kernels
 from normkernels.kernels import rows as rows_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
 from normkernels.kernels import statistics as statistics_kernels
@@ -61,6 +66,7 @@ from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
 from normkernels.ops import common, plans
 from normkernels.ops import fused_add as fused_add_spec
+from normkernels.ops import gated as gated_spec
 from normkernels.ops import group_normalization as gn_spec
 from normkernels.ops import instance_normalization as in_spec
 from normkernels.ops import layer_normalization as ln_spec
@@ -68,6 +74,8 @@ from normkernels.ops import lp_normalization as lp_spec
 from normkernels.ops import lrn as lrn_spec
 from normkernels.ops import mean_variance_normalization as mvn_spec
 from normkernels.ops import moments as moments_spec
+from normkernels.ops import qk_norm as qk_spec
+from normkernels.ops import quantized as quantized_spec
 from normkernels.ops import rms_normalization as rms_spec
 from normkernels.ops import skip_layer_normalization as skip_spec
 
@@ -77,7 +85,8 @@ KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels
                   "instance": instance_kernels, "inference": inference_kernels,
                   "rows": rows_kernels, "lp_kernels": lp_kernels, "lrn_kernels": lrn_kernels,
                   "backward_sums": backward_sums, "backward_dx": backward_dx,
-                  "fused_add": fused_add}
+                  "fused_add": fused_add, "gated_kernels": gated_kernels,
+                  "qk_kernels": qk_kernels, "quantize": quantize}
 
 
 @dataclass(frozen=True)
@@ -297,6 +306,27 @@ CASES.update({
        for p in ("serial", "parallel", "streaming")},
 })
 
+# issue 32's kernels: the gated RMSNorm (groups of 32, a row-strided view; its backward
+# on rows of 1024 in two work items), QK-norm (in place on a row-strided qkv) and the
+# quantized rows (int8 RMS with a scale per row, float8 LayerNorm with a scale per 64
+# columns). Each has a serial and a parallel loop; streaming runs the parallel one.
+LLM_SHAPES = {"gated": (12, 96), "gated-grad": (40, 1024), "qk": (9, 3, 1, 24),
+              "quant-int8": (12, 256), "quant-fp8": (12, 256)}
+LLM_ROUTES = {"gated": "gated_rms", "gated-grad": "gated_rms_backward", "qk": "qk_norm",
+              "quant-int8": "quantized_rows", "quant-fp8": "quantized_rows"}
+LLM_OPS = tuple(LLM_SHAPES)
+LLM_EPS = 1e-6  # the epsilon of test_gated's backward oracle
+CASES.update({
+    **{f"{op}-{p}": case(op, LLM_SHAPES[op], "NCX",
+                         [f"{LLM_ROUTES[op]}/{'serial' if p == 'serial' else 'parallel'}"],
+                         path=p)
+       for op in LLM_OPS for p in PATHS},
+    **{f"{op}-forked": case(op, LLM_SHAPES[op], "NCX", ["one-thread",
+                                                       f"{LLM_ROUTES[op]}/serial"],
+                            path="parallel", forked=True)
+       for op in ("gated", "gated-grad", "qk", "quant-fp8")},
+})
+
 DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "fused-add": FLOATS,
           "rows-stats": FLOATS,
           "rows-grad": FLOATS,
@@ -304,7 +334,7 @@ DTYPES = {"layer": FLOATS, "rms": FLOATS, "skip": FLOATS, "fused-add": FLOATS,
           "moments": FLOATS, "instance": FLOATS,
           "onednn": [F16, BF16, F32], "normalize": FLOATS, "bn-planned": FLOATS,
           "group": FLOATS, "mvn": FLOATS, "lp": FLOATS, "lrn": FLOATS, "grad": FLOATS,
-          "group-grad": FLOATS}
+          "group-grad": FLOATS, **{op: FLOATS for op in LLM_OPS}}
 CASES_BY_DTYPE = [pytest.param(name, dtype, id=f"{name}-{FLOAT_IDS[FLOATS.index(dtype)]}")
                   for name, c in CASES.items() for dtype in DTYPES[c.op]]
 
@@ -340,6 +370,8 @@ def data(rng, case, dtype):
     (scale of both signs, B, mean, var) all different."""
     if case.op in ROW_OPS:
         return row_data(rng, case, dtype)
+    if case.op in LLM_OPS:
+        return llm_data(rng, case, dtype)
     shape = to_layout(case.ncx_shape, case.data_format)
     N = shape[0]
     C = 1 if len(shape) == 1 else case.ncx_shape[1]
@@ -357,9 +389,101 @@ def data(rng, case, dtype):
     return X.astype(dtype), params
 
 
+def llm_data(rng, case, dtype):
+    """M x W rows (W: the qkv width for QK-norm), each with its own mean and spread, as
+    every other row of a larger array for the gated forward and QK-norm; parameters:
+    the gate, weight and bias (gated), the q and k weights (QK-norm), weight and bias
+    (quantized)."""
+    if case.op == "qk":
+        M, nq, nkv, D = case.ncx_shape
+        shape = (M, (nq + 2 * nkv) * D)
+    else:
+        shape = case.ncx_shape
+    M, K = shape
+    X = rng.standard_normal(shape) * rng.uniform(0.5, 2, (M, 1)) + rng.uniform(-1, 1, (M, 1))
+    if case.op in ("gated", "qk"):
+        big = np.zeros((2 * M, K), dtype)
+        big[::2] = X
+        X = big[::2]
+    else:
+        X = X.astype(dtype)
+    if case.op == "qk":
+        D = case.ncx_shape[3]
+        return X, [rng.uniform(0.5, 2, D), rng.uniform(0.5, 2, D) * rng.choice([-1, 1], D)]
+    weight = rng.uniform(0.5, 2, K) * rng.choice([-1, 1], K)
+    if case.op.startswith("quant"):
+        return X, [1 + 0.3 * rng.standard_normal(K), 0.2 * rng.standard_normal(K)]
+    return X, [rng.standard_normal(shape) * 3, weight, rng.standard_normal(K)]
+
+
+def llm_args(case, X):
+    """``(group or head size, norm_before_gate or q dtype)`` of an LLM case."""
+    if case.op.startswith("quant"):
+        return (X.shape[1], quantized_tests.INT8) if case.op == "quant-int8" else (
+            64, quantized_tests.FP8)
+    if case.op == "qk":
+        return case.ncx_shape[3], None
+    return (32, True) if case.op == "gated" else (256, False)
+
+
+def run_llm(case, X, params, dtype, engine):
+    p = [None if v is None else v.astype(dtype) for v in params]
+    kw = dict(engine=engine, path=case.path)
+    size, flag = llm_args(case, X)
+    if case.op == "gated":
+        return gated_spec.gated_rms_normalization(X, *p, epsilon=LLM_EPS, group_size=size,
+                                                  norm_before_gate=flag, **kw), p
+    if case.op == "gated-grad":  # dY: X's rows reversed
+        return gated_spec.gated_rms_normalization_backward(
+            X[::-1].copy(), X, *p, epsilon=LLM_EPS, group_size=size, norm_before_gate=flag,
+            **kw), p
+    if case.op == "qk":  # in place on a row-strided copy
+        _, nq, nkv, D = case.ncx_shape
+        qkv = np.zeros((X.shape[0], 2 * X.shape[1]), dtype)[:, :X.shape[1]]
+        qkv[...] = X
+        return qk_spec.qk_rms_normalization(qkv, *p, num_q_heads=nq, num_kv_heads=nkv,
+                                            head_dim=D, epsilon=LLM_EPS, **kw), p
+    if case.op == "quant-int8":
+        return quantized_spec.quantized_rms_normalization(X, p[0], dtype=flag, epsilon=LLM_EPS,
+                                                          **kw), [p[0], None]
+    return quantized_spec.quantized_layer_normalization(X, *p, dtype=flag, epsilon=LLM_EPS,
+                                                        group_size=size, **kw), p
+
+
+def check_llm_with_oracle(case, X, params, result):
+    """test_gated's, test_qk_norm's and test_quantized's float64 oracles and bounds."""
+    size, flag = llm_args(case, X)
+    if case.op == "gated":
+        exact, tol = gated_tests.tolerance(X, *params, size, LLM_EPS, flag, X.dtype)
+        assert_close(result, exact, tol)
+    elif case.op == "gated-grad":
+        gated_tests.check_backward(result, X[::-1], X, *params, size, flag)
+    elif case.op == "qk":
+        _, nq, nkv, D = case.ncx_shape
+        xh, w = qk_tests.oracle(X, *params, nq, nkv, D, LLM_EPS)
+        exact = xh * w
+        qk, v = qk_tests.qk_parts(result, nq, nkv, D)
+        tol = 8 * qk_tests.u_c(X.dtype) * np.abs(exact) + 0.5 * ulp(exact, X.dtype) * (
+            X.itemsize < 8)
+        assert_close(qk.reshape(exact.shape), exact, tol + 1e-300)
+        assert_identical(v, qk_tests.qk_parts(X, nq, nkv, D)[1])  # v heads untouched
+    else:
+        q, scales = result
+        w, b = params
+        with np.errstate(all="ignore"):  # NaN and Inf rows (test_route_special_values)
+            want, s, v, terms = quantized_tests.oracle(X, w, b, b is not None, LLM_EPS, 0.0,
+                                                       flag, None, size, None)
+        finite = np.isfinite(X.astype(F64)).all(axis=1)  # rows of NaN or Inf: not compared
+        quantized_tests.assert_scales(scales[finite], s[finite], X.dtype)
+        quantized_tests.assert_quantized(q[finite], want[finite], v[finite], terms[finite],
+                                         flag, X.dtype)
+
+
 def run(case, X, params, dtype, engine=ENGINE):
     """The case's operator through its spec layer with ``engine`` (the Numba kernels
     by default)."""
+    if case.op in LLM_OPS:
+        return run_llm(case, X, params, dtype, engine)
     kw = dict(data_format=case.data_format, engine=engine, path=case.path)
     if case.op in ROW_OPS:
         p = [v.astype(dtype) for v in params]
@@ -513,6 +637,8 @@ def check_with_oracle(case, X, params, result):
     fmt = case.data_format
     if case.op in ROW_OPS:
         check_rows_with_oracle(case, X, params, result)
+    elif case.op in LLM_OPS:
+        check_llm_with_oracle(case, X, params, result)
     elif case.op in ("bn", "onednn", "normalize", "bn-planned"):
         assert_close(result, batch_norm(X, *params, EPS, fmt),
                      tolerance(X, *params, EPS, fmt, X.dtype))
@@ -644,8 +770,16 @@ def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
     X, params = data(rng, case, dtype)
     plant_special_values(X, case.data_format)
     arrange(monkeypatch, case)
+    if case.op == "quant-int8":  # int8 has no NaN: the call raises
+        with pytest.raises(ValueError, match="NaN quotients"):
+            run(case, X, params, dtype)
+        assert case.routes <= set(routes_taken)
+        return
     result, params = run(case, X, params, dtype)
     assert case.routes <= set(routes_taken)
+    if case.op == "gated-grad":  # a non-finite x or dY spoils its (row, group) only
+        check_gated_grad_confinement(X, llm_args(case, X)[0], result)
+        return
     if case.op == "grad":  # a non-finite X or dY makes its channel's dX all NaN or inf
         check_grad_confinement(X, case.data_format, result[0])
         return
@@ -655,6 +789,23 @@ def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
         assert bad.any() and np.array_equal(np.isfinite(d).all(axis=2), ~bad)
         return
     check_with_oracle(case, X, params, result)
+
+
+def check_gated_grad_confinement(X, G, grads):
+    """The (row, group)s where x or dY (x's rows reversed) hold NaN or Inf have a
+    non-finite dx; the others are finite, and so are dweight and dbias outside the
+    columns of the spoiled groups."""
+    def by_group(a):
+        return a.astype(F64).reshape(a.shape[0], -1, G)
+
+    bad = ~np.isfinite(by_group(X)).all(axis=2) | ~np.isfinite(by_group(X[::-1])).all(axis=2)
+    assert bad.any()
+    for d in grads[:2]:
+        assert np.isfinite(by_group(d)).all(axis=2)[~bad].all()
+    assert not np.isfinite(by_group(grads[0])).all(axis=2)[bad].any()
+    clean = np.repeat(~bad.any(axis=0), G)
+    for d in grads[2:]:
+        assert np.isfinite(d.astype(F64))[clean].all()
 
 
 def check_grad_confinement(X, fmt, dX):
@@ -679,7 +830,7 @@ def launched_kernels():
     ``instance.X`` that are Numba dispatchers (in the engine's module and in the launch
     sequences its methods share)."""
     names = set()
-    for node in (n for module in (engine_module, numba_launch)
+    for node in (n for module in (engine_module, numba_launch, numba_gated, numba_quantized)
                  for n in ast.walk(ast.parse(inspect.getsource(module)))):
         if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                 and node.value.id in KERNEL_MODULES):
@@ -756,6 +907,33 @@ class KernelStatisticsTwin:
                                       rounding=rounding)
         return mean, var
 
+    def gated_rms(self, x, z, y, weight, bias, G, epsilon, before, path=None):
+        var = ENGINE.gated_rms(x, z, np.empty_like(y), weight, bias, G, epsilon, before, path)
+        return reference.ENGINE.gated_rms(x, z, y, weight, bias, G, epsilon, before, var=var)
+
+    def gated_rms_backward(self, dy, x, z, weight, bias, G, epsilon, before, dx, dz,
+                           path=None):
+        var = ENGINE.gated_rms_backward(dy, x, z, weight, bias, G, epsilon, before,
+                                        np.empty_like(dx), np.empty_like(dz), path)[2]
+        return reference.ENGINE.gated_rms_backward(dy, x, z, weight, bias, G, epsilon, before,
+                                                   dx, dz, var=var)
+
+    def qk_rms(self, qkv, q_weight, k_weight, nq, nk, epsilon, llama, path=None):
+        var = ENGINE.qk_rms(qkv.copy(), q_weight, k_weight, nq, nk, epsilon, llama, path)
+        return reference.ENGINE.qk_rms(qkv, q_weight, k_weight, nq, nk, epsilon, llama,
+                                       var=var)
+
+    def quantized_rows(self, x, w, b, res, q, scales, epsilon, centered, offset, fp8, static,
+                       group, scale_ub, floor, path=None):
+        assert res is None  # the cases have no residual
+        mean, var, _ = ENGINE.quantized_rows(
+            x, w, b, None, np.empty_like(q), None if scales is None else np.empty_like(scales),
+            epsilon, centered, offset, fp8, static, group, scale_ub, floor, path)
+        nans = reference_quantized.quantize_rows_from(
+            x, w, b, q, None if scales is None else scales.reshape(-1, scales.shape[-1]),
+            epsilon, centered, offset, fp8, static, group, scale_ub, floor, mean, var)
+        return mean, var, nans
+
 
 @pytest.mark.parametrize("name,dtype", CASES_BY_DTYPE)
 def test_route_matches_twin(rng, monkeypatch, name, dtype):
@@ -767,6 +945,12 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
     X, params = data(rng, case, dtype)
     arrange(monkeypatch, case)
     result, params = run(case, X, params, dtype)
+    if case.op in LLM_OPS:  # the default path's bits (serial at these sizes) too
+        with monkeypatch.context() as m:
+            m.setattr(threads, "_forked_from_openmp", False)
+            default, _ = run(replace(case, path=None), X, params, dtype)
+        for got, want in zip(_outputs(result), _outputs(default), strict=True):
+            assert_identical(np.asarray(got), np.asarray(want))
     if case.op in ("moments", "rows-grad"):  # the twin's own float64 sums: the oracle's bound
         check_with_oracle(case, X, params, run(case, X, params, dtype, reference.ENGINE)[0])
         return

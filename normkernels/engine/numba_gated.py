@@ -4,8 +4,9 @@
 Arrays arrive from the spec layer as 2-D ``M x K`` views whose rows are contiguous
 (any row stride); they reach the kernels as flat storage arrays with row strides
 (:func:`normkernels.engine.numba_launch.flat_rows`). Routes (``policy.took``):
-``gated/<path>``, ``gated_backward/<path>``, ``qk_norm/<path>``, path serial or
-parallel (streaming runs the parallel kernel).
+``gated_rms/<path>``, ``gated_rms_backward/<path>``, ``qk_norm/<path>``, path serial
+or parallel (:func:`normkernels.engine.policy.loop_path`: streaming runs the parallel
+kernel).
 """
 
 import numpy as np
@@ -19,8 +20,13 @@ from normkernels.kernels import gated as gated_kernels
 from normkernels.kernels import qk_norm as qk_kernels
 
 
-def _path(arr, path):
-    return "serial" if policy.resolve_path(arr, path) == "serial" else "parallel"
+def launch(route, parallel, serial, arr, path, *args):
+    """The path for ``arr`` (:func:`policy.loop_path`), its route reported as
+    ``route/<path>``, then the parallel kernel or its one-thread twin on ``args``."""
+    path = policy.loop_path(arr, path)
+    took(route, path)
+    with launch_guard(path):
+        kernel_for(parallel, serial, path)(*args)
 
 
 def tables(weight, bias, dtype):
@@ -48,18 +54,9 @@ class GatedLoops:
         w, b = tables(weight, bias, compute_dtype(x.dtype))
         var = np.empty(M * (K // G))
         xs, xr = flat_rows(x)
-        zs, zr = flat_rows(z)
-        ys, yr = flat_rows(y)
-        path = _path(xs, path)
-        took("gated", path)
-        with launch_guard(path):
-            if path == "serial":
-                gated_kernels.gated_forward_serial(xs, xr, zs, zr, ys, yr, w, b, G,
-                                                   epsilon, before, var)
-            else:
-                gated_kernels.gated_forward_parallel(xs, xr, zs, zr, ys, yr, w, b, G,
-                                                     epsilon, before, var,
-                                                     gated_kernels.rows_per_item(K))
+        launch("gated_rms", gated_kernels.gated_forward_parallel,
+               gated_kernels.gated_forward_serial, xs, path, xs, xr, *flat_rows(z),
+               *flat_rows(y), w, b, G, epsilon, before, var, policy.rows_per_item(M, K))
         return var
 
     def gated_rms_backward(self, dy, x, z, weight, bias, G, epsilon, before, dx, dz,
@@ -69,19 +66,14 @@ class GatedLoops:
         M, K = x.shape
         w, b = tables(weight, bias, FLOAT64)
         var = np.empty(M * (K // G))
-        per_item = gated_kernels.rows_per_item(K)
+        per_item = gated_kernels.rows_per_item(K)  # the shape's: it orders the sums
         n_items = max(1, -(-M // per_item))
         dwp, dbp = np.zeros(n_items * K), np.zeros(n_items * K)
-        dys, dyr = flat_rows(dy)
         xs, xr = flat_rows(x)
-        zs, zr = flat_rows(z)
-        path = _path(xs, path)
-        took("gated_backward", path)
-        with launch_guard(path):
-            kernel_for(gated_kernels.gated_backward_parallel,
-                       gated_kernels.gated_backward_serial, path)(
-                dys, dyr, xs, xr, zs, zr, w, b, G, epsilon, before, var,
-                storage_view(dx.reshape(-1)), storage_view(dz.reshape(-1)), dwp, dbp, per_item)
+        launch("gated_rms_backward", gated_kernels.gated_backward_parallel,
+               gated_kernels.gated_backward_serial, xs, path, *flat_rows(dy), xs, xr,
+               *flat_rows(z), w, b, G, epsilon, before, var, storage_view(dx.reshape(-1)),
+               storage_view(dz.reshape(-1)), dwp, dbp, per_item)
         return (merge_partials(dwp.reshape(n_items, K)), merge_partials(dbp.reshape(n_items, K)),
                 var)
 
@@ -93,12 +85,6 @@ class GatedLoops:
         qw, kw = np.ascontiguousarray(q_weight, cd), np.ascontiguousarray(k_weight, cd)
         var = np.empty(M * (nq + nk))
         xs, xr = flat_rows(qkv)
-        path = _path(xs, path)
-        took("qk_norm", path)
-        with launch_guard(path):
-            if path == "serial":
-                qk_kernels.qk_norm_serial(xs, xr, M, qw, kw, nq, nk, epsilon, llama, var)
-            else:
-                qk_kernels.qk_norm_parallel(xs, xr, M, qw, kw, nq, nk, epsilon, llama, var,
-                                            qk_kernels.rows_per_item(W))
+        launch("qk_norm", qk_kernels.qk_norm_parallel, qk_kernels.qk_norm_serial, xs, path,
+               xs, xr, M, qw, kw, nq, nk, epsilon, llama, var, policy.rows_per_item(M, W))
         return var

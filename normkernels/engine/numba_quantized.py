@@ -1,13 +1,13 @@
 """The Numba engine's loops of the quantized-output normalizations (a mixin of
-:class:`normkernels.engine.numba_engine.NumbaEngine`)."""
+:class:`normkernels.engine.numba_engine.NumbaEngine`). Routes: ``quantized_rows/<path>``,
+serial or parallel (:func:`normkernels.engine.numba_gated.launch`)."""
 
 import numpy as np
 
 from normkernels.dtypes import compute_dtype, storage_view
 from normkernels.engine import policy
-from normkernels.engine.numba_launch import flat_rows, kernel_for
-from normkernels.engine.policy import took
-from normkernels.engine.threads import launch_guard
+from normkernels.engine.numba_gated import launch
+from normkernels.engine.numba_launch import flat_rows
 from normkernels.kernels import quantize
 
 _NONE = {}
@@ -42,13 +42,11 @@ class QuantizedLoops:
         bs = ws[:0] if b is None else storage_view(b)
         mean, var, nans = np.empty(M), np.empty(M), np.zeros(M, np.int64)
         sc = np.empty(0, np.float32) if scales is None else scales.reshape(-1)
-        path = "serial" if policy.resolve_path(q.reshape(-1), path) == "serial" else "parallel"
-        took("quantized_rows", path)
-        kernel = kernel_for(quantize.quantize_rows, quantize.quantize_rows_serial, path)
-        with launch_guard(path):
-            kernel(xs, xr, rs, rr, ws, bs, K, group, float(epsilon), bool(centered),
-                   compute_dtype(x.dtype).type(offset), bool(fp8),
-                   np.float32(0.0 if static is None else static),
-                   np.float32(np.inf if scale_ub is None else scale_ub), np.float32(floor),
-                   q.reshape(-1), sc, mean, var, nans, policy.rows_per_item(M, K))
+        qs = q.reshape(-1)
+        launch("quantized_rows", quantize.quantize_rows, quantize.quantize_rows_serial, qs, path,
+               xs, xr, rs, rr, ws, bs, K, group, float(epsilon), bool(centered),
+               compute_dtype(x.dtype).type(offset), bool(fp8),
+               np.float32(0.0 if static is None else static),
+               np.float32(np.inf if scale_ub is None else scale_ub), np.float32(floor), qs, sc,
+               mean, var, nans, policy.rows_per_item(M, K))
         return mean, var, int(np.count_nonzero(nans))

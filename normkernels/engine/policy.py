@@ -44,6 +44,10 @@ ROUTES = (
     "grad_apply/planes/streaming", "grad_apply/rows/serial", "grad_apply/rows/parallel",
     "grad_apply/rows/streaming",
     "rows_backward/serial", "rows_backward/parallel",
+    # issue 32's kernels: no streaming loop (the streaming path runs the parallel one)
+    "gated_rms/serial", "gated_rms/parallel", "gated_rms_backward/serial",
+    "gated_rms_backward/parallel", "qk_norm/serial", "qk_norm/parallel",
+    "quantized_rows/serial", "quantized_rows/parallel",
 )
 _trace = None
 
@@ -181,6 +185,12 @@ def resolve_path(arr, path, serial_max=None, asleep_rule=False, arrays=2):
     if path == "streaming" and not (streaming_supported() and arr.flags.aligned):
         return "parallel"
     return path
+
+
+def loop_path(arr, path, arrays=2):
+    """:func:`resolve_path` for the kernels that have no streaming loop: "serial" or
+    "parallel" (streaming runs the parallel kernel)."""
+    return "serial" if resolve_path(arr, path, arrays=arrays) == "serial" else "parallel"
 
 
 # --- the normalize loop ---

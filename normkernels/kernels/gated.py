@@ -16,8 +16,10 @@ activate`: ``z * sigmoid(z)``, the same bits on every CPU).
 
 Y is rounded once to its storage dtype. The backward loops work in float64 throughout
 (see :func:`gated_backward_parallel`). Parallel kernels split the rows in blocks of
-``rows_per_item`` rows (fixed by the shape alone, so the bits never depend on the
-thread count); each has a one-thread twin with the same source.
+``per_item`` rows: any count for the forward (rows are independent; the engine's
+policy picks it), :func:`rows_per_item` for the backward, whose partial sums merge in
+item order (the shape alone fixes it, so the bits never depend on the thread count).
+Each has a one-thread twin of the same source (``*_serial``).
 """
 
 import math
@@ -28,17 +30,18 @@ from numba.core.extending import intrinsic
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.activations import SILU, activate, sigmoid
+from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lp import store_rounded
 from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.rows import row_statistics
 
-BLOCK_ELEMENTS = 1 << 15  # elements of the rows of one parallel work item
+BLOCK_ELEMENTS = 1 << 15  # elements of the rows of one backward work item
 
 
 def rows_per_item(K):
-    """Rows per parallel work item for rows of ``K`` elements (the shape alone decides
-    it: the backward partial sums then merge in the same order for any thread count)."""
+    """Rows per backward work item for rows of ``K`` elements (the shape alone decides
+    it: the partial sums then merge in the same order for any thread count)."""
     return max(1, BLOCK_ELEMENTS // max(K, 1))
 
 
@@ -111,22 +114,16 @@ def _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, las
 
 
 @njit(**KERNEL_OPTIONS)
-def gated_forward_serial(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var):
-    """Every row on one thread: Y into ``y`` (row stride ``yr``), the mean square of
-    each group into ``var`` (float64, ``M * K / G``). ``w``, ``b``: compute-dtype
-    tables of ``K``; ``before``: ``norm_before_gate``."""
-    M = var.size // (w.size // G)
-    _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, 0, M)
-
-
-@njit(**KERNEL_OPTIONS)
 def _forward_item(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, last):
     _forward_rows(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, first, last)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
 def gated_forward_parallel(x, xr, z, zr, y, yr, w, b, G, epsilon, before, var, per_item):
-    """:func:`gated_forward_serial`, blocks of ``per_item`` rows in parallel."""
+    """Y into ``y`` (row stride ``yr``), the mean square of each group into ``var``
+    (float64, ``M * K / G``); blocks of ``per_item`` rows in parallel (no bit depends
+    on it: rows are independent). ``w``, ``b``: compute-dtype tables of ``K``;
+    ``before``: ``norm_before_gate``."""
     M = var.size // (w.size // G)
     for item in prange((M + per_item - 1) // per_item):
         first = item * per_item
@@ -193,9 +190,14 @@ def _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
 
 @njit(**KERNEL_OPTIONS)
 def _backward_item(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
-                   first, last):
-    _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
-                   first, last)
+                   item, per_item):
+    """Item ``item``: its ``per_item`` rows, its partial sums ``dwp[item]``, ``dbp[item]``."""
+    M = var.size // (w.size // G)
+    K = w.size
+    first = item * per_item
+    _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
+                   dwp[item * K:item * K + K], dbp[item * K:item * K + K], first,
+                   min(M, first + per_item))
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -209,24 +211,14 @@ def gated_backward_parallel(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var
     with ``dz = du x silu'(z)``. dx and dz (contiguous ``M x K``) rounded once
     (16-bit: by round-to-odd through float32, :func:`normkernels.kernels.lp.store_rounded`). Item
     ``i`` adds ``d`` and ``d h`` of its rows, in order, into ``dbp[i]`` and ``dwp[i]``
-    (``n_items x K``, zeros)."""
+    (``n_items x K``, zeros): ``per_item`` (:func:`rows_per_item`) fixes the bits of
+    their sums."""
     M = var.size // (w.size // G)
-    K = w.size
     for item in prange((M + per_item - 1) // per_item):
-        first = item * per_item
-        _backward_item(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
-                       dwp[item * K:item * K + K], dbp[item * K:item * K + K], first,
-                       min(M, first + per_item))
+        _backward_item(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
+                       item, per_item)
 
 
-@njit(**KERNEL_OPTIONS)
-def gated_backward_serial(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp,
-                          dbp, per_item):
-    """:func:`gated_backward_parallel` on one thread (the same items, in order)."""
-    M = var.size // (w.size // G)
-    K = w.size
-    for item in range((M + per_item - 1) // per_item):
-        first = item * per_item
-        _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
-                       dwp[item * K:item * K + K], dbp[item * K:item * K + K], first,
-                       min(M, first + per_item))
+# one-thread twins (see normkernels.kernels.cache.serial_twin)
+gated_forward_serial = serial_twin(gated_forward_parallel, **KERNEL_OPTIONS)
+gated_backward_serial = serial_twin(gated_backward_parallel, **KERNEL_OPTIONS)

@@ -22,16 +22,10 @@ import numpy as np
 from numba import njit, prange
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
+from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.rows import row_statistics
-
-BLOCK_ELEMENTS = 1 << 15  # elements of the rows of one parallel work item
-
-
-def rows_per_item(W):
-    """Rows per parallel work item for rows of ``W`` elements."""
-    return max(1, BLOCK_ELEMENTS // max(W, 1))
 
 
 @njit(**INLINE_OPTIONS)
@@ -70,20 +64,17 @@ def _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
 
 
 @njit(**KERNEL_OPTIONS)
-def qk_norm_serial(x, xr, M, qw, kw, nq, nk, epsilon, llama, var):
-    """The ``M`` rows on one thread; the mean square of each head into ``var`` (float64,
-    ``M * (nq + nk)``, row-major)."""
-    _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, 0, M)
-
-
-@njit(**KERNEL_OPTIONS)
 def _item(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
     _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
 def qk_norm_parallel(x, xr, M, qw, kw, nq, nk, epsilon, llama, var, per_item):
-    """:func:`qk_norm_serial`, blocks of ``per_item`` rows in parallel."""
+    """The ``M`` rows, blocks of ``per_item`` rows in parallel (no bit depends on it);
+    the mean square of each head into ``var`` (float64, ``M * (nq + nk)``, row-major)."""
     for item in prange((M + per_item - 1) // per_item):
         first = item * per_item
         _item(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, min(M, first + per_item))
+
+
+qk_norm_serial = serial_twin(qk_norm_parallel, **KERNEL_OPTIONS)  # one thread, same bits
