@@ -90,11 +90,12 @@ def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add
     return Y, a, var, X, s
 
 
-def _add_plan(key, given, checked, engine, epsilon, a, out, finish, rounding="once"):
+def _add_plan(key, given, checked, engine, epsilon, a, out, finish, rounding="once",
+              offset=0.0):
     X, s = checked
     if key is not None and epsilon and s.dtype == X.dtype and plans.plain(given, checked):
         plans.add(key, rows.plan(engine, epsilon, False, X, a, (s,), out, finish,
-                                 rounding=rounding))
+                                 rounding=rounding, offset=offset))
 
 
 def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
@@ -103,11 +104,10 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
     """Spec layer of :func:`normkernels.rms_normalization`."""
     key = None
     # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
-    # and the Gemma and Llama forms
-    plain = (activation is None and add is None and type(offset) in (int, float)
-             and offset == 0)
+    plain = activation is None and add is None and type(offset) in (int, float)
     if path is None and plain:
-        key = _key(OP, engine, (opset, axis, epsilon, stash_type, rounding), X, scale, out)
+        key = _key(OP, engine, (opset, axis, epsilon, stash_type, rounding, offset), X, scale,
+                   out)
         Y = None if key is None else _planned(key, X, scale, out)
         if Y is not None:
             return Y
@@ -119,7 +119,8 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
     stash_dtype(label, attrs["stash_type"], RMS_STASH)  # checked; no output has it
     Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path,
                              activation, add, offset, rounding)
-    _add_plan(key, (X, scale), checked, engine, eps, a, out, _first, rounding)
+    _add_plan(key, (X, scale), checked, engine, eps, a, out, _first, rounding,
+              common.check_float_attribute(label, "offset", offset))
     return Y
 
 

@@ -205,7 +205,9 @@ def inverse_std(var, epsilon):
 class Plan(NamedTuple):
     """A row normalization's call plan (see :mod:`normkernels.ops.plans`): C-contiguous
     X, Y (``out`` too) and parameters of exactly the normalized shape or ``(K,)``, Y in
-    X's dtype; ``finish(Y, mean, var)`` makes the operator's outputs."""
+    X's dtype; ``finish(Y, mean, var)`` makes the operator's outputs. ``offset``
+    (Gemma's, nonzero): ``offset + scale`` is made at every call as the full path makes
+    it (the scale's values may change between calls)."""
 
     engine: object
     epsilon: float
@@ -217,6 +219,7 @@ class Plan(NamedTuple):
     finish: object
     reuse: plans.Reuse
     rounding: str = "once"
+    offset: float = 0.0
 
     def __call__(self, X, scale, B, out, skip=None, bias=None):
         arrays = (X, scale, B, out, skip, bias)
@@ -230,6 +233,10 @@ class Plan(NamedTuple):
         else:
             y = out
         M, K = self.M, self.K
+        given = scale
+        if self.offset:  # common.offset_scale's sum: float64 only for float64 X (= scale's)
+            wide = FLOAT64 if self.dtype == FLOAT64 else FLOAT32
+            scale = np.add(scale, wide.type(self.offset), dtype=wide)
         args = (X.reshape(M, K), y.reshape(M, K), scale.reshape(K),
                 None if B is None else B.reshape(K), self.epsilon, self.centered,
                 None if skip is None else skip.reshape(-1, K), bias)
@@ -237,11 +244,30 @@ class Plan(NamedTuple):
         mean, var = self.engine.normalize_rows(*args, **extra)
         result = self.finish(y, mean, var)
         if result is y and plans.reusable(X, out, self.engine):
-            self.reuse.offer(arrays, lambda: self.engine.bind_rows(*args, **extra))
+            self.reuse.offer(arrays, lambda: self._bind(args, extra, given))
         return result
 
+    def _bind(self, args, extra, given):
+        """The bound call of ``args``; with an offset, one that remakes ``offset +
+        scale`` from ``given`` (the caller's scale) in a table of its own at every call,
+        as the planned call does (the scale's values may change between calls)."""
+        if not self.offset:
+            return self.engine.bind_rows(*args, **extra)
+        table = np.empty(self.K, args[2].dtype)
+        call = self.engine.bind_rows(*args[:2], table, *args[3:], **extra)
+        if call is None:
+            return None
+        flat, offset = given.reshape(self.K), table.dtype.type(self.offset)
 
-def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, rounding="once"):
+        def run():
+            np.add(flat, offset, out=table, dtype=table.dtype)
+            call()
+
+        return run
+
+
+def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, rounding="once",
+         offset=0.0):
     """The :class:`Plan` of a call that just passed the full checks, or None when it
     needs the full path (a copy of X, Y or skip, the general path, an empty X)."""
     M, K = rows_shape(X.shape, a)
@@ -255,4 +281,4 @@ def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, roundi
     if any(p.shape not in columns or not p.flags.c_contiguous for p in params):
         return None
     return Plan(engine, epsilon, centered, M, K, X.shape, X.dtype, finish, plans.Reuse(),
-                rounding)
+                rounding, offset)
