@@ -14,7 +14,7 @@ import math
 import ml_dtypes
 import numpy as np
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import ALL_FLOATS
 
 RMS = "quantized_rms_normalization"
@@ -103,7 +103,22 @@ def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_sc
                             group_size, scale_ub, residual, offset, centered, engine,
                             path=None):
     """The checks, then ``engine.quantized_rows``: ``(q, scales)``."""
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        attributes = (dtype, epsilon, static_scale, group_size, scale_ub, offset)
+        try:
+            key = (label, engine, *attributes, *map(type, attributes),
+                   *((type(a), a.shape, a.strides, a.dtype) if a is not None else None
+                     for a in (x, weight, bias, residual)))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            result = plan(x, weight, bias, residual, epsilon, static_scale, scale_ub, offset)
+            if result is not None:
+                return result
     qd = check_quant_dtype(label, dtype)
+    given = (x, weight, bias)
     x = common.as_array("x", x)
     common.check_dtype(label, "x", x, ALL_FLOATS)
     if x.ndim < 1:
@@ -130,25 +145,70 @@ def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_sc
     b = _vector(label, "bias", bias, x, hidden)
     res = _residual(label, residual, x)
     group = _group(label, group_size, hidden, static is not None)
-    q = np.empty((M, hidden), np.uint8)
-    scales = None
-    if static is None:
-        scales = np.empty((*x.shape[:-1], hidden // max(group, 1)), np.float32)
-    if M:
-        xr = rows.rows_in(x, M, hidden)
-        rr = None if res is None else rows.rows_in(res, M, hidden)
-        _, _, nans = engine.quantized_rows(xr, w, b, rr, q, scales, eps, centered, off,
-                                           qd == FP8, static, group, ub, FLOORS[qd], path)
-        if rr is not None and not np.may_share_memory(rr, res):  # rows were a copy
-            res[...] = rr.reshape(res.shape)
-        if nans:
-            raise ValueError(f"{label}: x has NaN quotients y / s in {nans} row group(s) "
-                             "(a NaN in x, residual or the parameters, or an infinite y "
-                             "and scale); int8 has no NaN (float8_e4m3fn keeps it)")
-    out = q.reshape(x.shape).view(qd)
-    if static is not None:
-        return out, np.array(static, np.float32)
-    return out, scales
+    plan = _Plan(label, engine, centered, qd, group, x.shape, M, hidden)
+    n = 2 if b is None else 3  # the arrays as given, kept as given by the checks
+    if (key is not None and M and plans.plain(given[:n], (x, w, b)[:n])
+            and all(a is None or a.flags.c_contiguous for a in (x, w, b, res))
+            and (res is None or type(res) is np.ndarray)):
+        plans.add(key, plan)
+    xr = rows.rows_in(x, M, hidden) if M else x
+    rr = None if res is None or not M else rows.rows_in(res, M, hidden)
+    result, nans = plan.run(xr, w, b, rr, eps, static, ub, off, path)
+    if rr is not None and not np.may_share_memory(rr, res):  # rows were a copy
+        res[...] = rr.reshape(res.shape)
+    return _checked_nans(label, nans, result)
+
+
+class _Plan:
+    """A call plan (see :mod:`normkernels.ops.plans`) of C-contiguous arrays: only the
+    checks that depend on more than the key (the residual writeable and apart from x),
+    then :meth:`run`, which the full path runs too. The float attributes are the
+    caller's, converted as the full checks convert them (a key does not tell ``-0.0``
+    from ``0.0``)."""
+
+    __slots__ = ("G", "K", "M", "centered", "engine", "label", "qd", "shape")
+
+    def __init__(self, label, engine, centered, qd, G, shape, M, K):
+        self.label, self.engine, self.centered, self.qd, self.G = label, engine, centered, qd, G
+        self.shape, self.M, self.K = shape, M, K
+
+    def __call__(self, x, weight, bias, residual, epsilon, static, scale_ub, offset):
+        if residual is not None and (not residual.flags.writeable
+                                     or np.may_share_memory(residual, x)):
+            return None
+        M, K = self.M, self.K
+        result, nans = self.run(x.reshape(M, K), weight, bias,
+                                None if residual is None else residual.reshape(M, K),
+                                float(epsilon), None if static is None else float(static),
+                                None if scale_ub is None else float(scale_ub), float(offset),
+                                None)
+        return _checked_nans(self.label, nans, result)
+
+    def run(self, xr, w, b, rr, eps, static, ub, off, path):
+        """``((q, scales), nans)`` of checked ``M x K`` rows ``xr`` (and residual rows
+        ``rr``): ``nans`` row groups had NaN quotients."""
+        M, K, G, qd = self.M, self.K, self.G, self.qd
+        q = np.empty((M, K), np.uint8)
+        scales, nans = None, 0
+        if static is None:
+            scales = np.empty((*self.shape[:-1], K // max(G, 1)), np.float32)
+        if M:
+            _, _, nans = self.engine.quantized_rows(xr, w, b, rr, q, scales, eps,
+                                                    self.centered, off, qd == FP8, static, G,
+                                                    ub, FLOORS[qd], path)
+        out = q.reshape(self.shape).view(qd)
+        if static is not None:
+            return (out, np.array(static, np.float32)), nans
+        return (out, scales), nans
+
+
+def _checked_nans(label, nans, result):
+    """``result``, or the error of ``nans`` row groups of NaN quotients (int8 only)."""
+    if nans:
+        raise ValueError(f"{label}: x has NaN quotients y / s in {nans} row group(s) (a NaN "
+                         "in x, residual or the parameters, or an infinite y and scale); int8 "
+                         "has no NaN (float8_e4m3fn keeps it)")
+    return result
 
 
 def quantized_rms_normalization(x, weight, *, dtype, epsilon=1e-6, static_scale=None,
