@@ -17,7 +17,7 @@ returns, and mamba_ssm's ``_layer_norm_bwd``: ``dw.to(weight.dtype)``).
 
 import numpy as np
 
-from normkernels.ops import common
+from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS
 from normkernels.reference_lp import round_once
 
@@ -99,6 +99,22 @@ def _target(label, out, x):
 def gated_rms_normalization(x, gate, weight, bias=None, *, epsilon=1e-6, group_size=None,
                             norm_before_gate=True, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.gated_rms_normalization`."""
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        try:
+            key = (OP, engine, epsilon, group_size, norm_before_gate, type(epsilon),
+                   type(group_size), type(norm_before_gate), type(x), x.shape, x.strides,
+                   x.dtype, type(gate), gate.shape, gate.strides, gate.dtype, type(weight),
+                   weight.shape, weight.strides, weight.dtype,
+                   None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype),
+                   plans.out_key(out, x))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            y = plan(x, gate, weight, bias, out, epsilon)
+            if y is not None:
+                return y
     label = OP
     arrays = _checked(label, {"x": x, "gate": gate, "weight": weight, "bias": bias}, "x",
                       ("weight", "bias"))
@@ -112,12 +128,43 @@ def gated_rms_normalization(x, gate, weight, bias=None, *, epsilon=1e-6, group_s
         if (out is not None and np.may_share_memory(result, arr)
                 and not common.same_view(result, arr) and np.shares_memory(result, arr)):
             raise ValueError(f"{label}: out overlaps {name} without being the same view")
+    given = (x, gate, weight) if bias is None else (x, gate, weight, bias)
+    if (key is not None and x.size and not copy and plans.plain(given, tuple(arrays.values()))
+            and all(a.flags.c_contiguous for a in (*given, result))):
+        plans.add(key, _Plan(engine, G, before, x.shape))
     if x.size:
         engine.gated_rms(_rows(x), _rows(z), rows, arrays["weight"], arrays.get("bias"), G,
                          eps, before, path)
         if copy:
             np.copyto(result, rows.reshape(result.shape))
     return result
+
+
+class _Plan:
+    """A call plan (see :mod:`normkernels.ops.plans`) of C-contiguous arrays: only the
+    checks that depend on more than the key (``out`` writeable and apart from the
+    inputs: otherwise the full checks decide), then the engine. epsilon is the
+    caller's, converted as the full checks convert it (a key does not tell ``-0.0``
+    from ``0.0``)."""
+
+    __slots__ = ("G", "before", "engine", "rows", "shape")
+
+    def __init__(self, engine, G, before, shape):
+        self.engine, self.G, self.before, self.shape = engine, G, before, shape
+        self.rows = (-1, shape[-1])
+
+    def __call__(self, x, gate, weight, bias, out, epsilon):
+        if out is None:
+            y = np.empty(self.shape, x.dtype)
+        elif not out.flags.writeable or plans.shares(out, x, (gate, weight) if bias is None
+                                                      else (gate, weight, bias)):
+            return None
+        else:
+            y = out
+        rows = self.rows
+        self.engine.gated_rms(x.reshape(rows), gate.reshape(rows), y.reshape(rows), weight,
+                              bias, self.G, float(epsilon), self.before, None)
+        return y
 
 
 def gated_rms_normalization_backward(dY, x, gate, weight, bias=None, *, epsilon=1e-6,
