@@ -128,6 +128,8 @@ def test_planned_calls_give_the_first_calls_bits(rng, op, kw, dtype, shape):
                 xs[...] = x
             _same(call(xs, z, w, b, out=out, **kw), first)
         assert len(plans.stored_keys()) == 1
+        # the same arrays with out: bound (gated: not with a zero epsilon)
+        assert plans.bound_calls() == (form is not None and kw.get("epsilon", 1) != 0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
