@@ -107,9 +107,11 @@ def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_sc
     if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
         attributes = (dtype, epsilon, static_scale, group_size, scale_ub, offset)
         try:
-            key = (label, engine, *attributes, *map(type, attributes),
-                   *((type(a), a.shape, a.strides, a.dtype) if a is not None else None
-                     for a in (x, weight, bias, residual)))
+            key = (label, engine, *attributes, *map(type, attributes), type(x), x.shape,
+                   x.strides, x.dtype, type(weight), weight.shape, weight.strides, weight.dtype,
+                   None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype),
+                   None if residual is None else (type(residual), residual.shape,
+                                                  residual.strides, residual.dtype))
             plan = plans.get(key)
         except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
             key = plan = None
