@@ -70,11 +70,15 @@ class _Recorder(Engine):
         self.call = (kind, arguments)
 
     def __getattribute__(self, name):
-        if (not name.startswith("_")
-                and name not in ("inference", "normalize_rows", "instance_planes")
-                and callable(getattr(Engine, name, None))):
+        # any other engine method, the base class's or an engine mixin's (gated,
+        # quantized rows): not bindable
+        if (not name.startswith("_") and name not in _RECORDED
+                and (callable(getattr(Engine, name, None)) or not hasattr(_Recorder, name))):
             raise _NotBindable(name)
         return super().__getattribute__(name)
+
+
+_RECORDED = ("inference", "normalize_rows", "instance_planes")
 
 
 def _spec(function):

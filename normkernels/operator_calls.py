@@ -11,15 +11,15 @@ import importlib
 import numpy as np
 
 from normkernels.dtypes import BFLOAT16, FLOAT32
-from normkernels.operator_record import BACKWARD
+from normkernels.operator_record import BACKWARD, qk_heads
 
 
 class OperatorCalls:
     """The calls of an :class:`normkernels.operators.Operator` (a mixin: it reads the
     record's fields ``name``, ``function``, ``spec``, ``backward``, ``backward_spec``,
-    ``n_params``, ``param_dtype``, ``skip``, ``per_sample``, ``reads_only``,
+    ``n_params``, ``param_dtype``, ``skip``, ``per_sample``, ``in_place``,
     ``mode_kwargs``, ``groups``, ``layout_attribute``, ``signature`` and its ``rows``,
-    ``family``, ``batch_statistics`` and ``group_count``)."""
+    ``family``, ``takes_out``, ``batch_statistics`` and ``group_count``)."""
 
     def params(self, rng, C, dtype, shape=None, mode="inference", X=None, axis=1):
         """The parameters of a workload (``C``: :meth:`columns`; ``shape``: X's, for a
@@ -59,6 +59,8 @@ class OperatorCalls:
         kwargs = dict(self.mode_kwargs.get(mode, {}))
         if self.groups is not None:
             kwargs[self.groups[0]] = self.group_count(C)
+        if self.family == "qk":  # C: the row length
+            kwargs.update(qk_heads(C))
         if self.layout_attribute is not None:
             name, values = self.layout_attribute
             kwargs[name] = values[data_format]
@@ -67,7 +69,9 @@ class OperatorCalls:
         return kwargs
 
     def channel_count(self, X, data_format):
-        """C of a workload's X in ``data_format``."""
+        """C of a workload's X in ``data_format`` (a row normalization's: the row length)."""
+        if self.rows:
+            return X.shape[-1]
         if X.ndim < 2:
             return 1
         return X.shape[1] if data_format == "NCX" else X.shape[-1]
@@ -84,18 +88,23 @@ class OperatorCalls:
     def arguments(self, X, params, mode):
         """The positional arguments: ``(X, *params)``; backward ``(dY, X, *rest)``; or
         in the order :attr:`signature` names for ``mode``."""
-        if mode == BACKWARD:
-            names = ("dY", "X", "scale", *(("B",) if self.per_sample else ("mean", "var")))
-            args = (params[0], X, *params[1:])
-        else:
-            names = ("X", "skip", "scale", "B", "mean", "var") if self.skip else (
-                "X", "scale", "B", "mean", "var")
-            args = (X, *params)
+        args = (params[0], X, *params[1:]) if mode == BACKWARD else (X, *params)
         order = self.signature.get(mode)
         if order is None:
             return args
-        by_name = dict(zip(names, args, strict=False))  # records pass fewer
+        by_name = dict(zip(self._table_names(mode), args, strict=False))  # records pass fewer
         return tuple(by_name[name] for name in order)
+
+    def _table_names(self, mode):
+        """The names of ``(X, *params)`` (backward: ``(dY, X, *rest)``) in the table's order."""
+        if mode == BACKWARD:
+            return ("dY", "X", "scale", *(("B",) if self.per_sample else ("mean", "var")))
+        return ("X", "skip", "scale", "B", "mean", "var") if self.skip else (
+            "X", "scale", "B", "mean", "var")
+
+    def _names(self, mode):
+        """The names of :meth:`arguments`' positional arguments, in order."""
+        return self.signature.get(mode) or self._table_names(mode)
 
     def bound(self, X, params, mode="inference", data_format="NCX", out=None):
         """A zero-argument call of the public function (arguments bound once: the
@@ -105,9 +114,26 @@ class OperatorCalls:
         fn = getattr(api, self.target(mode)[0])
         args = self.arguments(X, params, mode)
         kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
-        if not self.reads_only:
+        if self.takes_out:
             kwargs["out"] = out
-        return lambda: fn(*args, **kwargs)
+        if not self.in_place:
+            return lambda: fn(*args, **kwargs)
+        # a serving loop's call: in place on buffers of its own, every call (copies of
+        # the inputs made once, so the caller's stay as they were)
+        args, written = self._writable(args, mode)
+
+        def in_place():
+            fn(*args, **kwargs)
+            return written
+        return in_place
+
+    def _writable(self, args, mode):
+        """``args`` with the arguments :attr:`in_place` names replaced by copies of the
+        same strides, and those copies (Y first)."""
+        names = self._names(mode)
+        copies = {name: _same_strides_copy(args[names.index(name)]) for name in self.in_place}
+        args = tuple(copies.get(name, a) for name, a in zip(names, args, strict=False))
+        return args, tuple(copies[name] for name in self.in_place)
 
     def call(self, X, params, mode="inference", data_format="NCX", out=None, engine=None,
              path=None):
@@ -116,16 +142,20 @@ class OperatorCalls:
         function, module = self.target(mode)
         args = self.arguments(X, params, mode)
         kwargs = self.kwargs(mode, data_format, self.channel_count(X, data_format))
-        if not self.reads_only:
+        if self.takes_out:
             kwargs["out"] = out
+        if self.in_place:  # on copies of the inputs it writes (of their strides), returned
+            args, written = self._writable(args, mode)
         if engine is None and path is None:
             from normkernels import api
 
-            return getattr(api, function)(*args, **kwargs)
-        if engine is None:
-            from normkernels.engine.numba_engine import ENGINE as engine
-        spec = importlib.import_module(f"normkernels.ops.{module}")
-        return getattr(spec, function)(*args, engine=engine, path=path, **kwargs)
+            result = getattr(api, function)(*args, **kwargs)
+        else:
+            if engine is None:
+                from normkernels.engine.numba_engine import ENGINE as engine
+            spec = importlib.import_module(f"normkernels.ops.{module}")
+            result = getattr(spec, function)(*args, engine=engine, path=path, **kwargs)
+        return written if self.in_place else result
 
     def coldstart_call(self, mode):
         """Source of a first call, for ``normkernels coldstart`` (X, p defined, X in
@@ -136,17 +166,23 @@ class OperatorCalls:
         p = "p"
         if self.rows or self.per_sample:  # per column, or (N, C)
             C = "X.shape[-1]" if self.rows else "X.shape[1]"
+            if self.family == "qk":
+                C = f"{_QK_HEADS}['head_dim']"
             p = f"np.ones({f'(X.shape[0], {C})' if self.per_sample else C}, 'float32')"
         if mode == BACKWARD:
             count = 3 if self.batch_statistics else self.n_params if self.per_sample else 1
             args = ", ".join([x, x, *[p] * count])
         elif self.signature.get(mode):
             args = ", ".join(x if name in ("X", "skip") else p for name in self.signature[mode])
-        else:
-            args = ", ".join([x, *[x] * self.skip, *[p] * self.n_params])
+        else:  # an input written in place gets its own copy
+            skip = f"{x}.copy()" if self.in_place else x
+            args = ", ".join([x, *[skip] * self.skip, *[p] * self.n_params])
         kwargs = {k: repr(v) for k, v in self.mode_kwargs.get(mode, {}).items()}
         if self.groups is not None:  # the largest divisor of C up to GROUPS
             kwargs[self.groups[0]] = f"int(np.gcd(X.shape[1], {self.groups[1]}))"
+        if self.family == "qk":  # the heads of X's rows: its parameters are one head's
+            kwargs.update({k: f"{_QK_HEADS}[{k!r}]" for k in ("num_q_heads", "num_kv_heads",
+                                                              "head_dim")})
         if self.name in ("batchnorm-inference", "groupnorm-onednn",
                          "batchnorm-training-onednn"):  # oneDNN: NXC default
             kwargs["data_format"] = "'NCX'"
@@ -155,3 +191,21 @@ class OperatorCalls:
             kwargs[name] = repr(values["NCX"])
         extra = "".join(f", {k}={v}" for k, v in kwargs.items())
         return f"nk.{self.target(mode)[0]}({args}{extra})"
+
+
+# the heads of a qkv row in a first call's source (which sees only nk, np, X and p)
+_QK_HEADS = "__import__('normkernels.operator_record').operator_record.qk_heads(X.shape[-1])"
+
+
+def _same_strides_copy(a):
+    """A copy of ``a`` in new memory laid out as ``a``'s (its strides, its byte order):
+    an in-place call on it takes the path the call on ``a`` would."""
+    strides = a.strides
+    low = sum(s * (n - 1) for s, n in zip(strides, a.shape, strict=True) if s < 0)
+    high = sum(s * (n - 1) for s, n in zip(strides, a.shape, strict=True) if s > 0)
+    if a.size == 0:
+        return a.copy()
+    memory = np.empty(high - low + a.itemsize, np.uint8)
+    copy = np.ndarray(a.shape, a.dtype, memory, offset=-low, strides=strides)
+    copy[...] = a
+    return copy

@@ -16,6 +16,19 @@ GROUPS = 32  # group normalizations: the groups of every workload (fewer when C 
 BACKWARD = "backward"  # the mode that runs a record's backward function (and its spec module)
 
 
+def qk_heads(width):
+    """The heads of a packed qkv row of ``width`` features for the table's QK-norm
+    workloads: head_dim the largest power of two up to 128 that leaves at least 3
+    heads, a sixth of the heads (at least one) k heads and as many v heads, the rest q
+    heads (6144: Qwen3-8B's 32 q and 8 kv heads of 128)."""
+    head_dim = 128
+    while head_dim > 1 and (width % head_dim or width // head_dim < 3):
+        head_dim //= 2
+    heads = width // head_dim
+    kv = max(1, heads // 6)
+    return {"num_q_heads": heads - 2 * kv, "num_kv_heads": kv, "head_dim": head_dim}
+
+
 @dataclass(frozen=True)
 class Onnx:
     """The ONNX operator a record implements (``implements``) or is compared with."""
@@ -82,14 +95,15 @@ class WarmupCase:
 
 class OperatorFormulas:
     """The NumPy formulas of an :class:`normkernels.operators.Operator` (a mixin: it
-    reads the record's fields ``family``, ``name``, ``skip``, ``reads_only``,
-    ``per_sample``, ``mode_kwargs`` and its ``rows``, ``batch_statistics`` and
-    ``group_count``)."""
+    reads the record's fields ``family``, ``name``, ``skip``, ``skip_bias``,
+    ``epilogue``, ``quantized``, ``reads_only``, ``per_sample``, ``mode_kwargs`` and its
+    ``rows``, ``batch_statistics`` and ``group_count``)."""
 
 
     def formula(self, X, params, mode, axis, dtype):
         """What a NumPy user would write, in ``dtype``: Y (mean and variance for
-        moments; dX for mode "backward"); parameters broadcast along the channel
+        moments; dX for mode "backward"; a quantized record's ``(q, scales)``, q before
+        its rounding to integers); parameters broadcast along the channel
         ``axis`` (row normalizations: over the last axis, parameters per column;
         ``per_sample`` ones, (N, C), per sample too, the scale as ``1 + scale``)."""
         if self.per_sample:  # the modulation's gain (scale follows dY in a backward)
@@ -98,6 +112,8 @@ class OperatorFormulas:
             params[k] = params[k] + dtype.type(1)
         if mode == BACKWARD:
             return self._backward_formula(X, params, axis, dtype)
+        if self.family == "qk":
+            return self._qk_formula(X, params, dtype)
         if self.rows:
             return self._row_formula(X, params, dtype)
         if self.family in ("group", "lrn", "mvn"):
@@ -150,20 +166,44 @@ class OperatorFormulas:
             total[:, c] = squares[:, lo:hi + 1].sum(axis=1)
         return x / (dtype.type(1.0) + dtype.type(1e-4 / size) * total) ** dtype.type(0.75)
 
+    def _qk_formula(self, X, params, dtype):
+        """RMSNorm over each q and k head (q_weight, k_weight); v as it was."""
+        heads = qk_heads(X.shape[-1])
+        q, k, D = heads["num_q_heads"], heads["num_kv_heads"], heads["head_dim"]
+        x = (X if dtype == X.dtype else X.astype(dtype)).reshape(*X.shape[:-1], -1, D)
+        y = x.copy()
+        eps = dtype.type(EPSILON)
+        for part, w in ((slice(0, q), params[0]), (slice(q, q + k), params[1])):
+            h = x[..., part, :]
+            y[..., part, :] = h / np.sqrt((h * h).mean(axis=-1, keepdims=True) + eps) * \
+                w.astype(dtype)
+        return y.reshape(X.shape)
+
     def _row_formula(self, X, params, dtype):
         x = X if dtype == X.dtype else X.astype(dtype)
         p = [self._along_rows(v.astype(dtype), x.ndim) for v in params]
         eps = dtype.type(EPSILON)
         if self.family == "lp":
             return x / np.sqrt((x * x).sum(axis=-1, keepdims=True))
-        if self.skip:  # input + skip (+ bias, the last parameter)
-            x = x + p[0] + p[-1]
-            p = p[1:-1]
+        gate = None
+        if self.epilogue == "silu gate":  # the skip input is the gate
+            gate, p = p[0], p[1:]
+        elif self.skip:  # input + skip (+ bias, the last parameter)
+            x = x + p[0] + p[-1] if self.skip_bias else x + p[0]
+            p = p[1:-1] if self.skip_bias else p[1:]
         if self.family == "rms":
-            return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * p[0]
-        mean = x.mean(axis=-1, keepdims=True)
-        y = (x - mean) / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * p[0]
-        return y + p[1] if len(p) > 1 else y
+            y = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * p[0]
+        else:
+            mean = x.mean(axis=-1, keepdims=True)
+            y = (x - mean) / np.sqrt(x.var(axis=-1, keepdims=True) + eps) * p[0]
+            y = y + p[1] if len(p) > 1 else y
+        if gate is not None:
+            y = y * (gate / (1 + np.exp(-gate)))
+        if self.quantized is None:
+            return y
+        # int8, a scale per row: s = max|y| / 127, q = y / s before its rounding
+        scale = np.abs(y).max(axis=-1, keepdims=True) / dtype.type(127)
+        return y / scale, scale
 
     def _backward_formula(self, X, params, axis, dtype):
         """dX = r * (g - <g> - x_hat * <g * x_hat>), g = dY * scale, <.> the mean over

@@ -31,6 +31,7 @@ from normkernels.operator_record import (
     Onnx,
     OperatorFormulas,
     WarmupCase,
+    qk_heads,
 )
 
 YARDSTICK = "batchnorm"  # BN inference: what other operators' times are compared with
@@ -48,6 +49,11 @@ class Operator(OperatorCalls, OperatorFormulas):
     parameters); or a row normalization over X's last axis, "layer" (centred), "rms"
     (parameters per column; ``skip``: onnxruntime's skip add first, its first
     parameter is then ``skip``, of X's shape) or "lp" (no parameters).
+
+    "qk" is a row normalization per head of a packed qkv row (QK-norm: ``X``'s last
+    axis holds ``num_q_heads`` q heads, then ``num_kv_heads`` k heads and as many v
+    heads, of ``head_dim`` each, from :func:`qk_heads`); its two parameters are
+    ``q_weight`` and ``k_weight``, of ``head_dim``.
 
     ``per_sample``: the diffusion models' modulation (AdaLN, AdaGroupNorm): the two
     parameters, scale and B (the shift), come per sample, of shape (N, C) (C: the
@@ -90,8 +96,18 @@ class Operator(OperatorCalls, OperatorFormulas):
     # the attribute that names the layout, when not ``data_format``: (name, {"NCX": value,
     # "NXC": value}) (onnxruntime's GroupNorm: channels_last)
     layout_attribute: tuple = None
-    epilogue: str = None  # the activation its workloads apply after the affine ("silu")
+    # the activation its workloads apply after the affine ("silu"), or "silu gate": the
+    # skip input is a gate, Y = affine * silu(gate)
+    epilogue: str = None
     per_sample: bool = False  # (scale, B) per sample, (N, C): Y = norm * (1 + scale) + B
+    # a skip record's last parameter is a bias added with the skip (onnxruntime's); False:
+    # the sum is input + skip only (vLLM's fused add)
+    skip_bias: bool = True
+    # the arguments the function writes in place, by name (Y first); it takes no ``out``
+    # and its calls here run on copies (``OperatorCalls.call``), returning them
+    in_place: tuple = ()
+    quantized: str = None  # Y's dtype when it is quantized (the call returns (q, scales))
+    streams: int = None  # X-sized arrays a call moves, when not the bench's default count
 
     def __post_init__(self):
         if self.backward is not None and BACKWARD not in self.modes:
@@ -104,8 +120,19 @@ class Operator(OperatorCalls, OperatorFormulas):
         return self.n_params == 4 and not self.rows
 
     @property
+    def takes_out(self):
+        """Does the public function take ``out`` (it writes a Y of X's shape and dtype)?"""
+        return not (self.reads_only or self.in_place or self.quantized)
+
+    @property
+    def tuple_output(self):
+        """Does the formula give every output of a call (moments' mean and variance, a
+        quantized record's q and scales), not Y alone?"""
+        return self.reads_only or self.quantized is not None
+
+    @property
     def rows(self):
-        return self.family in ("layer", "rms", "lp")
+        return self.family in ("layer", "rms", "lp", "qk")
 
     @property
     def layouts(self):
@@ -120,6 +147,8 @@ class Operator(OperatorCalls, OperatorFormulas):
     def columns(self, shape):
         """How many parameters per parameter vector: C (the channels; ``shape`` in NCX
         order) or the row length."""
+        if self.family == "qk":  # q_weight and k_weight: one head's
+            return qk_heads(shape[-1])["head_dim"]
         if self.rows:
             return shape[-1]
         return shape[1] if len(shape) > 1 else 1
@@ -164,6 +193,14 @@ _ADA_GROUP_WARMUP = (WarmupCase("fused planes", (1, 64, 1024), per_thread=True),
                      WarmupCase("rows", (2, 64, 4, 4), "NXC", paths=("serial", "parallel")),
                      WarmupCase("backward: planes", (2, 64, 256), "NCX", "backward"),
                      WarmupCase("backward: rows", (2, 64, 4, 4), "NXC", "backward"))
+
+# the fused add: its table-free kernels on each path (decode's few rows, prefill's many)
+_FUSED_ADD_WARMUP = (WarmupCase("rows", (1, 4096), paths=("serial",)),
+                     WarmupCase("rows", (64, 100)))
+_QUANTIZED_INT8 = {"inference": {"epsilon": EPSILON, "dtype": "int8"}}
+_SKIP_SIMPLIFIED_PEER = Onnx("SkipSimplifiedLayerNormalization", (1,), ("input", "skip",
+                             "gamma"), None, implements=False, domain="com.microsoft",
+                             versioned=False)
 
 OPERATORS = {op.name: op for op in [
     Operator("batchnorm", "ONNX BatchNormalization", "batch_normalization",
@@ -254,6 +291,40 @@ OPERATORS = {op.name: op for op in [
                        counts_outputs=True),
              torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
              chunked=Chunked("whole", "rows", ("X", "rows", "rows", "X"))),
+    # LLM serving (README "LLM serving"). The fused adds write X and skip (the residual)
+    # in place; their workloads round once ("llama" rounds the normalized value too,
+    # which the table's formula, rounded once, does not model: tests/test_llm_rows.py)
+    Operator("fused-add-rmsnorm", "vLLM fused_add_rms_norm (in place)", "fused_add_rms_norm",
+             "fused_add", n_params=1, family="rms", skip=True, skip_bias=False,
+             in_place=("X", "skip"), streams=4,
+             onnx=_SKIP_SIMPLIFIED_PEER, torch="rms_norm",
+             mode_kwargs={"inference": {"epsilon": EPSILON, "rounding": "once"}},
+             warmup=_FUSED_ADD_WARMUP),
+    Operator("fused-add-layernorm", "fused_add_layer_norm (in place)", "fused_add_layer_norm",
+             "fused_add", n_params=2, family="layer", skip=True, skip_bias=False,
+             in_place=("X", "skip"), streams=4, torch="layer_norm",
+             mode_kwargs=_ROWS_EPSILON, warmup=_FUSED_ADD_WARMUP),
+    # Mamba-2's gated RMSNorm: the skip input is the gate, Y = rms(X) * scale * silu(gate)
+    Operator("gated-rmsnorm", "Gated RMSNorm (Mamba-2, Qwen3-Next)", "gated_rms_normalization",
+             "gated", n_params=1, family="rms", skip=True, skip_bias=False,
+             epilogue="silu gate", streams=3, torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
+             warmup=(WarmupCase("rows", (64, 100), paths=("serial", "parallel")),),
+             chunked=Chunked("whole", "rows")),
+    # int8 output, a scale per row computed in the same pass (vLLM's dynamic per-token)
+    Operator("quantized-rmsnorm", "RMSNorm to int8, dynamic per-row scales",
+             "quantized_rms_normalization", "quantized", n_params=1, family="rms",
+             quantized="int8", torch="rms_norm", mode_kwargs=_QUANTIZED_INT8,
+             warmup=(WarmupCase("rows", (64, 100), paths=("serial", "parallel")),)),
+    Operator("quantized-layernorm", "LayerNorm to int8, dynamic per-row scales",
+             "quantized_layer_normalization", "quantized", n_params=2, family="layer",
+             quantized="int8", torch="layer_norm", mode_kwargs=_QUANTIZED_INT8,
+             warmup=(WarmupCase("rows", (64, 100), paths=("serial", "parallel")),)),
+    # QK-norm: RMSNorm over each q and k head of a packed qkv, in place (v untouched);
+    # the heads follow from the row length (operator_record.qk_heads)
+    Operator("qk-rmsnorm", "QK-norm per head of a packed qkv (Qwen3), in place",
+             "qk_rms_normalization", "qk_norm", n_params=2, family="qk", in_place=("X",),
+             torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
+             warmup=(WarmupCase("heads", (64, 768)),)),
     Operator("layernorm-onednn", "oneDNN Graph LayerNorm-1", "layer_norm", "layer_norm",
              n_params=2, family="layer", dtypes=("float16", "bfloat16", "float32"),
              param_dtype="float32",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from oracle import BFLOAT16, F16, F32, F64, ulp, unit_roundoff
 
+from normkernels.operator_record import qk_heads
 from normkernels.operators import BACKWARD, OPERATORS
 
 # X's shape per kind of record, in NCX order (row normalizations: X's shape, rows over
@@ -49,7 +50,8 @@ class Case:
 
     @property
     def writes_out(self):
-        return not self.op.reads_only
+        """Does the call take ``out`` (a Y of X's shape and dtype)?"""
+        return self.op.takes_out
 
 
 _DTYPES = {"float16": F16, "bfloat16": BFLOAT16, "float32": F32, "float64": F64}
@@ -148,7 +150,11 @@ def make(case, dtype, data_format, rng, shape=None):
     op, mode = case.op, case.mode
     shape = ncx_shape(op) if shape is None else shape
     lead = len(shape) - 1 if op.rows else min(2, len(shape))
-    X = structured(rng, shape, lead)
+    if op.family == "qk":  # per head: each head its own statistics
+        D = qk_heads(shape[-1])["head_dim"]
+        X = structured(rng, (*shape[:-1], shape[-1] // D, D), len(shape)).reshape(shape)
+    else:
+        X = structured(rng, shape, lead)
     if data_format == "NXC" and len(shape) > 2 and not op.rows:
         X = np.moveaxis(X, 1, -1)
     X = np.ascontiguousarray(X).astype(dtype)
@@ -165,7 +171,7 @@ def make(case, dtype, data_format, rng, shape=None):
 def primary(case, result):
     """The outputs the formula gives, from a call's result (the bench's ``_error``):
     Y (dX), or the mean and variance of moments."""
-    if case.op.reads_only:
+    if case.op.tuple_output:
         return tuple(result)
     if isinstance(result, (tuple, list)):
         return (result[0],)
@@ -193,6 +199,8 @@ def group_kind(case):
     holds it, same n and position), or None for a family this module does not know
     (the tests then take the formula's word)."""
     op, mode = case.op, case.mode
+    if op.family == "qk":  # a q or k head; a v element reaches only itself
+        return "head"
     if op.rows:
         return "row"
     if op.family == "mvn":  # statistics over axes (0, 2, 3): per channel
@@ -226,6 +234,12 @@ def statistic_groups(case, shape, data_format):
     if kind == "row":
         rows = int(np.prod(shape[:-1]))
         return np.broadcast_to(np.arange(rows).reshape(*shape[:-1], 1), shape)
+    if kind == "head":  # per (row, head); the v heads of a row: one label (copied, exact)
+        heads = qk_heads(shape[-1])
+        last = heads["num_q_heads"] + heads["num_kv_heads"]  # the first v head
+        head = np.minimum(np.arange(shape[-1]) // heads["head_dim"], last)
+        rows = np.arange(int(np.prod(shape[:-1]))).reshape(*shape[:-1], 1)
+        return rows * (last + 1) + head
     n, c, C = _indices(shape, data_format, op)
     if kind in ("channel", "element"):
         return c
@@ -240,8 +254,9 @@ def nan_reach(case, shape, data_format, where):
     kind = group_kind(case)
     if kind is None:
         return None
-    if kind == "element":
-        mask = np.zeros(shape, bool)
+    labels = statistic_groups(case, shape, data_format)
+    if kind == "element" or (kind == "head" and where[-1] >= shape[-1] - _v_width(shape)):
+        mask = np.zeros(shape, bool)  # given statistics; QK-norm's v, left as it was
         mask[where] = True
         return mask
     if kind == "window":
@@ -255,8 +270,12 @@ def nan_reach(case, shape, data_format, where):
                 same_place &= np.indices(shape)[a] == i
         reach = (c - (size - 1) // 2 <= c0) & (c0 <= c + size // 2)
         return same_place & reach
-    labels = statistic_groups(case, shape, data_format)
     return labels == labels[where]
+
+
+def _v_width(shape):
+    heads = qk_heads(shape[-1])
+    return heads["num_kv_heads"] * heads["head_dim"]
 
 
 # --- tolerance ---
@@ -308,7 +327,8 @@ def tolerance(work, got, exact, labels=None, factor=ROUNDINGS):
     the largest |output| of the element's statistic group, times its conditioning, and
     half an ulp of a 16-bit output (the one rounding to it)."""
     exact = np.asarray(exact, np.float64)
-    u = unit_roundoff(compute_dtype(work.dtype))
+    # an output narrower than the compute dtype (float32 scales of float64 X) rounds to it
+    u = max(unit_roundoff(compute_dtype(work.dtype)), unit_roundoff(compute_dtype(got.dtype)))
     shaped = labels is not None and exact.shape == labels.shape
     with np.errstate(all="ignore"):
         magnitude = np.where(np.isfinite(exact), np.abs(exact), 0.0)
@@ -321,6 +341,8 @@ def tolerance(work, got, exact, labels=None, factor=ROUNDINGS):
         tol = factor * u * cond * ref + 1e-300
         if np.dtype(got.dtype).itemsize == 2:
             tol = tol + 0.5 * ulp(np.abs(exact) + tol, got.dtype)
+        elif np.dtype(got.dtype).kind == "i":  # a quantized output: rounded to integers
+            tol = tol + 0.5
     assert np.all(np.isfinite(tol)), "the tolerance is not finite (a constant group?)"
     return tol
 

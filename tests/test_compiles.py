@@ -134,6 +134,8 @@ def test_no_call_compiles_after_the_first(rng, op, mode, dtype, fmt):
             try:
                 run()
             except ValueError as exc:  # a variant the operator refuses (out=X, say)
+                if op.in_place and name in _VIEWS:  # written in place: not through a view
+                    continue
                 if name != "out=X":
                     raise
                 assert "out" in str(exc)
@@ -142,6 +144,9 @@ def test_no_call_compiles_after_the_first(rng, op, mode, dtype, fmt):
                 compiled[name] = new
             before = _signatures()
     assert not compiled, compiled
+
+
+_VIEWS = ("strided view", "negative strides")
 
 
 def _in_place(op, X, params, mode, fmt):
@@ -222,7 +227,11 @@ for mode in op.modes:
             with np.errstate(all="ignore"):
                 op.call(X, params, mode, layout)
                 op.call(tc._read_only(X), tuple(map(tc._read_only, params)), mode, layout)
-                op.call(tc._strided(X), params, mode, layout)
+                try:
+                    op.call(tc._strided(X), params, mode, layout)
+                except ValueError:  # written in place, and not through a view (QK-norm)
+                    if not op.in_place:
+                        raise
             new = tc._new(before)
             if new:
                 compiled.append([mode, layout, list(shape), sorted(new)])

@@ -29,6 +29,7 @@ operator for a backward pass, so onnx-ref, onnxruntime and openvino skip those.
 
 import numpy as np
 
+from normkernels.operator_record import qk_heads
 from normkernels.operators import BACKWARD, EPSILON, MOMENTUM
 
 
@@ -105,6 +106,7 @@ def onnx_model(workload, X, params):
         attributes["num_groups"] = attributes.pop("groups")
     attributes.pop("data_format", None)
     attributes.pop("keep_stats", None)  # oneDNN's, not the ONNX equivalent's
+    attributes.pop("rounding", None)  # the fused add's (onnxruntime rounds once)
     if training:  # oneDNN's BatchNormForwardTraining is training by its name
         attributes.setdefault("training_mode", 1)
     node = helper.make_node(binding.op_type, list(inputs), outputs, domain=binding.domain,
@@ -237,6 +239,8 @@ def torch_peer(workload, X, params, threads):
 
     def call():
         y = run()
+        if op.quantized:  # (q, scales)
+            return tuple(t.numpy() for t in y)
         if channels_last:
             y = y.movedim(1, -1)
         return _from_torch(torch, y, X.dtype)
@@ -261,15 +265,37 @@ def _torch_rows(torch, F, op, x, p):
                 return F.normalize(x, p=2.0, dim=-1)
         return run
 
+    if op.family == "qk":  # Qwen3's q_norm and k_norm on the heads of a packed qkv
+        heads = qk_heads(x.shape[-1])
+        q, k, D = heads["num_q_heads"], heads["num_kv_heads"], heads["head_dim"]
+
+        def run():
+            with torch.no_grad():
+                h = x.unflatten(-1, (-1, D))
+                return torch.cat([F.rms_norm(h[..., :q, :], (D,), p[0], eps=EPSILON),
+                                  F.rms_norm(h[..., q:q + k, :], (D,), p[1], eps=EPSILON),
+                                  h[..., q + k:, :]], dim=-2).flatten(-2)
+        return run
+
     def run():
         with torch.no_grad():
-            v, q = x, p
-            if op.skip:
-                v = v + q[0] + q[-1]
-                q = q[1:-1]
+            v, q, gate = x, p, None
+            if op.epilogue == "silu gate":  # the skip input gates the output
+                gate, q = q[0], q[1:]
+            elif op.skip:
+                v = v + q[0] + q[-1] if op.skip_bias else v + q[0]
+                q = q[1:-1] if op.skip_bias else q[1:]
             if op.family == "rms":
-                return F.rms_norm(v, shape, q[0], eps=EPSILON)
-            return F.layer_norm(v, shape, q[0], q[1] if len(q) > 1 else None, eps=EPSILON)
+                y = F.rms_norm(v, shape, q[0], eps=EPSILON)
+            else:
+                y = F.layer_norm(v, shape, q[0], q[1] if len(q) > 1 else None, eps=EPSILON)
+            if gate is not None:
+                y = y * F.silu(gate)
+            if op.quantized is None:
+                return y
+            # int8 with a scale per row: vLLM's reference composite
+            scale = y.abs().amax(dim=-1, keepdim=True).float() / 127
+            return (y / scale).round().clamp(-128, 127).to(torch.int8), scale
     return run
 
 

@@ -142,6 +142,15 @@ WORKLOADS = [
     Workload("ada-groupnorm-128x256x256-f32-nxc", "ada-groupnorm", (1, 128, 256, 256),
              "float32", "NXC"),
     Workload("ada-groupnorm-tiny-f32", "ada-groupnorm", (1, 16, 8, 8), "float32"),
+    # LLM serving: decode's (1, 4096) and (4, 4096) rows, prefill's (512, 4096)
+    *[Workload(f"{op}-{rows}x4096-{short}", op, (rows, 4096), dtype)
+      for op in ("fused-add-rmsnorm", "gated-rmsnorm", "quantized-rmsnorm")
+      for rows in (1, 4, 512) for short, dtype in (("f32", "float32"), ("bf16", "bfloat16"))],
+    Workload("fused-add-layernorm-512x4096-f32", "fused-add-layernorm", (512, 4096), "float32"),
+    Workload("qk-rmsnorm-512x6144-f32", "qk-rmsnorm", (512, 6144), "float32"),
+    Workload("qk-rmsnorm-512x6144-bf16", "qk-rmsnorm", (512, 6144), "bfloat16"),
+    Workload("quantized-layernorm-512x4096-f32", "quantized-layernorm", (512, 4096),
+             "float32"),
     Workload("mvn-resnet-stem-f32", "mvn", STEM, "float32", "NCX"),
     Workload("lpnorm-8192x4096-f32", "lpnorm", (8192, 4096), "float32"),
     Workload("lrn-32x64x56x56-f32", "lrn", (32, 64, 56, 56), "float32", "NCX"),
@@ -195,7 +204,11 @@ SUITES = {
     # the backward passes (16-bit BN beside float32: the same GB/s is the aim)
     "backward": [w.name for w in WORKLOADS if w.mode == BACKWARD],
     # diffusion blocks: GroupNorm with SiLU, per-sample modulation (AdaLN, AdaGroupNorm)
-    "diffusion": [w.name for w in WORKLOADS if w.operator.per_sample or w.operator.epilogue],
+    "diffusion": [w.name for w in WORKLOADS if w.operator.per_sample or
+                  w.operator.epilogue == "silu"],
+    # LLM serving: the fused add in place, the gated RMSNorm, quantized outputs
+    "llm": [w.name for w in WORKLOADS if w.operator.in_place or w.operator.quantized
+            or w.operator.epilogue == "silu gate"],  # QK-norm is in place too
     "all": [w.name for w in WORKLOADS],
 }
 
@@ -258,12 +271,16 @@ def numpy_call(workload, X, params, dtype=None):
 
 # X-sized arrays a baseline moves per call (BN inference, the yardstick: X and Y)
 BASELINE_STREAMS = {"copy": 2, "axpb": 2, "read": 1, "add": 3, "inference": 2}
-ROOFLINES = {1: "read", 2: "copy", 3: "add"}  # by the operator's streams
+# by the operator's streams (a fused add's 4 against the add's 3: by bandwidth)
+ROOFLINES = {1: "read", 2: "copy", 3: "add", 4: "add"}
 
 
 def streams(workload):
-    """X-sized arrays one call of the workload moves: 1 for moments (X read), 3 for a
+    """X-sized arrays one call of the workload moves: the record's ``streams`` (a fused
+    add reads and writes X and the residual: 4), 1 for moments (X read), 3 for a
     backward pass (X and dY read, dX written), else 2 (X read, Y written)."""
+    if workload.operator.streams is not None and workload.mode != BACKWARD:
+        return workload.operator.streams
     if workload.operator.reads_only:
         return 1
     return 3 if workload.mode == BACKWARD else 2
@@ -296,7 +313,8 @@ def comparison_calls(workload, X, params, peers, threads,
 
     calls = {}
     if baselines:
-        dY = params[0] if workload.mode == BACKWARD else None
+        # the add's second input: dY, or the skip (gate, residual) of X's shape
+        dY = params[0] if workload.mode == BACKWARD or roofline(workload) == "add" else None
         available = baseline_calls(X, np.empty_like(X), dY)
         for name in baselines:
             if name in available and not (name == "axpb" and workload.operator.reads_only):
@@ -340,6 +358,8 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
     t0 = time.perf_counter()
     result_nk = nk()
     first_call = time.perf_counter() - t0
+    if workload.operator.in_place:  # the timed calls write its buffers again
+        result_nk = tuple(a.copy() for a in result_nk)
     limit = roofline(workload)
     others, skipped = comparison_calls(workload, X, params, peers, threads)
     calls = {"normkernels": nk, **others}
@@ -358,7 +378,8 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
         "seconds": medians,
         "gbps": gbps(workload, X, medians),
         "roofline": limit,
-        "pct_of_roofline": 100.0 * medians[limit] / nk_time,
+        "pct_of_roofline": 100.0 * medians[limit] / nk_time * nbytes / moved_bytes(
+            workload, X, limit),
         "pct_of_copy": 100.0 * medians["copy"] / nk_time,
         "pct_of_read": 100.0 * medians["read"] / nk_time,
         "ratios": {name: medians[name] / nk_time for name in peers if name in medians},
@@ -384,16 +405,30 @@ def run_workload(workload, repeat=20, warmup=2, peers=("numpy",), threads=None,
 def agreement(workload, theirs, ours):
     """Max relative difference of a peer's result from normkernels' (``ours``, what
     its call returned): Y (dX for backward), or mean and variance for moments."""
-    if isinstance(ours, tuple) and not workload.operator.reads_only:
+    if isinstance(ours, tuple) and not workload.operator.tuple_output:
         ours = ours[0]
+    if workload.operator.quantized:  # q within one step (their rounding's ties), scales
+        step = np.abs(theirs[0].astype(np.float64) - ours[0]) - 1
+        return max(float(np.max(np.maximum(step, 0) / np.maximum(np.abs(ours[0]), 1),
+                                initial=0.0)), max_relative_error(theirs[1], ours[1]))
     return _error(workload, theirs, ours)
 
 
 def _error(workload, got, exact):
-    if workload.operator.reads_only:
+    if workload.operator.quantized and got[0].dtype != exact[0].dtype:  # q: integers
+        return max(_rounding_error(got[0], exact[0]), max_relative_error(got[1], exact[1]))
+    if workload.operator.tuple_output:
         return max(max_relative_error(g, e) for g, e in zip(got, exact, strict=True))
     if isinstance(got, tuple):
         got = got[0]
     return max_relative_error(got, exact)
 
 
+
+
+def _rounding_error(q, exact):
+    """The relative error of quantized values beyond the half step of their rounding
+    to integers (``exact``: the formula's q before it): 0 when correctly rounded."""
+    e = np.asarray(exact, np.float64)
+    beyond = np.maximum(np.abs(np.asarray(q, np.float64) - e) - 0.5, 0.0)
+    return float(np.max(beyond / np.maximum(np.abs(e), 1.0), initial=0.0))
