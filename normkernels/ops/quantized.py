@@ -99,26 +99,30 @@ def _group(label, group_size, hidden, static):
     return g
 
 
+def _planned(label, engine, x, weight, bias, residual, dtype, epsilon, static_scale,
+             group_size, scale_ub, offset):
+    """``(key, result)``: the plan key of a call (None: it has none) and what the plan
+    of an earlier call with this metadata gives it (None: the full path decides)."""
+    attributes = (dtype, epsilon, static_scale, group_size, scale_ub, offset)
+    try:
+        key = (label, engine, *attributes, *map(type, attributes), type(x), x.shape, x.strides,
+               x.dtype, type(weight), weight.shape, weight.strides, weight.dtype,
+               None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype),
+               None if residual is None else (type(residual), residual.shape,
+                                              residual.strides, residual.dtype))
+        plan = plans.get(key)
+    except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+        return None, None
+    if plan is None:
+        return key, None
+    return key, plan(x, weight, bias, residual, epsilon, static_scale, scale_ub, offset)
+
+
 def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_scale,
                             group_size, scale_ub, residual, offset, centered, engine,
-                            path=None):
-    """The checks, then ``engine.quantized_rows``: ``(q, scales)``."""
-    key = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
-        attributes = (dtype, epsilon, static_scale, group_size, scale_ub, offset)
-        try:
-            key = (label, engine, *attributes, *map(type, attributes), type(x), x.shape,
-                   x.strides, x.dtype, type(weight), weight.shape, weight.strides, weight.dtype,
-                   None if bias is None else (type(bias), bias.shape, bias.strides, bias.dtype),
-                   None if residual is None else (type(residual), residual.shape,
-                                                  residual.strides, residual.dtype))
-            plan = plans.get(key)
-        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
-            key = plan = None
-        if plan is not None:
-            result = plan(x, weight, bias, residual, epsilon, static_scale, scale_ub, offset)
-            if result is not None:
-                return result
+                            path=None, key=None):
+    """The checks, then ``engine.quantized_rows``: ``(q, scales)``; ``key``: the call's
+    plan key (see :func:`_planned`), under which a plan of it is stored."""
     qd = check_quant_dtype(label, dtype)
     given = (x, weight, bias)
     x = common.as_array("x", x)
@@ -217,17 +221,29 @@ def quantized_rms_normalization(x, weight, *, dtype, epsilon=1e-6, static_scale=
                                 group_size=None, scale_ub=None, residual=None, offset=0.0,
                                 engine, path=None):
     """Spec layer of :func:`normkernels.quantized_rms_normalization`."""
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        key, result = _planned(RMS, engine, x, weight, None, residual, dtype, epsilon,
+                               static_scale, group_size, scale_ub, offset)
+        if result is not None:
+            return result
     return quantized_normalization(RMS, x, weight, None, dtype=dtype, epsilon=epsilon,
                                    static_scale=static_scale, group_size=group_size,
                                    scale_ub=scale_ub, residual=residual, offset=offset,
-                                   centered=False, engine=engine, path=path)
+                                   centered=False, engine=engine, path=path, key=key)
 
 
 def quantized_layer_normalization(x, weight, bias=None, *, dtype, epsilon=1e-6,
                                   static_scale=None, group_size=None, scale_ub=None,
                                   residual=None, offset=0.0, engine, path=None):
     """Spec layer of :func:`normkernels.quantized_layer_normalization`."""
+    key = None
+    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
+        key, result = _planned(LAYER, engine, x, weight, bias, residual, dtype, epsilon,
+                               static_scale, group_size, scale_ub, offset)
+        if result is not None:
+            return result
     return quantized_normalization(LAYER, x, weight, bias, dtype=dtype, epsilon=epsilon,
                                    static_scale=static_scale, group_size=group_size,
                                    scale_ub=scale_ub, residual=residual, offset=offset,
-                                   centered=True, engine=engine, path=path)
+                                   centered=True, engine=engine, path=path, key=key)
