@@ -127,6 +127,12 @@ class OperatorCalls:
             return written
         return in_place
 
+    def written(self, args, mode):
+        """The arguments of ``args`` (:meth:`arguments`' order) an in-place call
+        writes, Y first."""
+        names = self._names(mode)
+        return tuple(args[names.index(name)] for name in self.in_place)
+
     def _writable(self, args, mode):
         """``args`` with the arguments :attr:`in_place` names replaced by copies of the
         same strides, and those copies (Y first)."""
