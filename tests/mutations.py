@@ -886,6 +886,43 @@ MUTATIONS = [
              "row stride, not its own", [
                  (ROWS_K, "                      r * rr, res, act)",
                   "                      r * yr, res, act)")], EPI_ROWS),
+    # issue 32's routes (gated_rms, gated_rms_backward, qk_norm, quantized_rows): the
+    # path choice, the backward's work items, and each parallel loop's (and its twin's)
+    # last, short item (test_paths: 19 rows, 2 an item)
+    mutation("routes32/fork-rule-dropped", "issue 32's kernels take a forced parallel path "
+             "as given (a child forked after GNU OpenMP launches parallel kernels)", [
+                 ("normkernels/engine/numba_gated.py", "    path = policy.loop_path(arr, path)\n",
+                  '    path = path if path == "parallel" else policy.loop_path(arr, path)\n')],
+             ["tests/test_paths.py", "-k", "forked and (gated or qk or quant)"]),
+    mutation("routes32/streaming-not-mapped", "the loops without a streaming kernel report "
+             "(and compare against) a streaming path", [
+                 (POLICY, '    return "serial" if resolve_path(arr, path, arrays=arrays) == '
+                  '"serial" else "parallel"', "    return resolve_path(arr, path, arrays=arrays)")],
+             ["tests/test_paths.py", "-k", "streaming and (gated or qk or quant)"]),
+    mutation("routes32/gated-backward-items-by-threads", "the gated backward's work items "
+             "by the thread count (policy.rows_per_item), not the shape: the bits of dweight "
+             "and dbias depend on the machine", [
+                 ("normkernels/engine/numba_gated.py", "        per_item = "
+                  "gated_kernels.rows_per_item(K)  # the shape's: it orders the sums",
+                  "        per_item = policy.rows_per_item(M, K)")],
+             ["tests/test_paths.py", "-k", "gated-grad and twin"]),
+    mutation("routes32/gated-last-item-dropped", "the gated forward's loop over items leaves "
+             "out the last, short one", [
+                 (GATED, "    for item in prange((M + per_item - 1) // per_item):\n"
+                  "        first = item * per_item\n        _forward_item(",
+                  "    for item in prange(M // per_item):\n"
+                  "        first = item * per_item\n        _forward_item(")],
+             ["tests/test_paths.py", "-k", "gated and oracle and not grad"]),
+    mutation("routes32/qk-last-item-dropped", "QK-norm's loop over items leaves out the last, "
+             "short one", [
+                 (QK, "    for item in prange((M + per_item - 1) // per_item):",
+                  "    for item in prange(M // per_item):")],
+             ["tests/test_paths.py", "-k", "qk and oracle"]),
+    mutation("routes32/quantized-last-item-dropped", "the quantized rows' loop over items "
+             "leaves out the last, short one", [
+                 (QUANT_K, "    for item in prange((M + rows_per_item - 1) // rows_per_item):",
+                  "    for item in prange(M // rows_per_item):")],
+             ["tests/test_paths.py", "-k", "quant and oracle"]),
 ]
 
 
