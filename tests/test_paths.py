@@ -216,18 +216,27 @@ CASES = {
 # row normalizations: rows of 100 (statistics in chunks of the blocked reductions), of
 # 7 (the short-row statistics), one row (the split path, 2 chunks), a strided view
 ROWS = (6, 5, 100)
+MANY_ROWS = (20, 5, 100)  # more rows than the serial table-free kernel takes
 SPLIT = {"SPLIT_ROWS_PER_THREAD": 1 << 20}  # every row count splits
 CASES.update({
-    **{f"layer-fused-{p}": case("layer", ROWS, "NCX", [f"rows/fused/{p}"], path=p)
+    **{f"layer-fused-{p}": case("layer", MANY_ROWS if p == "serial" else ROWS, "NCX",
+                                [f"rows/fused/{p}"], path=p)
        for p in PATHS},
+    # a few rows on one thread: no column tables (kernels/fused_add.py), the same bits
+    "layer-table-free-serial": case("layer", ROWS, "NCX", ["rows/table-free/serial"],
+                                    path="serial"),
+    "rms-table-free-serial": case("rms", ROWS, "NCX", ["rows/table-free/serial"],
+                                  path="serial"),
+    "rms-table-free-decode": case("rms", (1, 4096), "NCX", ["rows/table-free/serial"],
+                                  path="serial"),
     "layer-short-rows": case("layer", (40, 7), "NCX", ["rows/fused/parallel"], path="parallel"),
     "layer-split-parallel": case("layer", (1, 70001), "NCX", ["rows/split/parallel"],
                                  path="parallel"),
     "layer-split-streaming": case("layer", (3, 2, 50), "NCX", ["rows/split/streaming"],
                                   path="streaming", patch=SPLIT),
-    "layer-forked": case("layer", ROWS, "NCX", ["one-thread", "rows/fused/serial"],
+    "layer-forked": case("layer", MANY_ROWS, "NCX", ["one-thread", "rows/fused/serial"],
                          path="parallel", forked=True),
-    "rms-fused-serial": case("rms", ROWS, "NCX", ["rows/fused/serial"], path="serial"),
+    "rms-fused-serial": case("rms", MANY_ROWS, "NCX", ["rows/fused/serial"], path="serial"),
     "rms-short-rows-serial": case("rms", (40, 7), "NCX", ["rows/fused/serial"], path="serial"),
     "rms-fused-streaming": case("rms", ROWS, "NCX", ["rows/fused/streaming"], path="streaming"),
     "rms-split-parallel": case("rms", (1, 70001), "NCX", ["rows/split/parallel"],

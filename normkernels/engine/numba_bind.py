@@ -7,7 +7,7 @@ import numpy as np
 
 from normkernels.dtypes import compute_dtype, storage_alias
 from normkernels.engine import policy
-from normkernels.engine.numba_launch import flat_rows, in_place_add, nothing
+from normkernels.engine.numba_launch import flat_rows, in_place_add, nothing, table_free
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels import fused_add, inference, instance, rows
@@ -92,6 +92,9 @@ class BoundCalls:
                     fused_add.fused_add_rows_parallel(*args, policy.rows_per_item(M, K))
 
             return in_place_call
+        if x.size <= policy.SERIAL_MAX_ELEMENTS and table_free(x, y, skip, sums, NONE, None):
+            return compiled_call(fused_add.plain_rows_serial, (
+                xs, xr, ys, yr, K, s, b, epsilon, centered, rounding == "llama", mean, var))
         if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
             return compiled_call(kernel, (xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s,

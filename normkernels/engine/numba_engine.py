@@ -34,6 +34,7 @@ from normkernels.engine.numba_launch import (
     row_moments,
     sample_moments,
     scale_shift_loops,
+    table_free,
 )
 from normkernels.engine.numba_quantized import QuantizedLoops
 from normkernels.engine.policy import took
@@ -239,6 +240,11 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
             else:
                 with launch_guard(path):
                     fused_add.fused_add_rows_parallel(*args, policy.rows_per_item(M, K))
+            return mean, var
+        if path == "serial" and table_free(x, y, skip, sums, act, res):
+            took("rows", "table-free", path)
+            fused_add.plain_rows_serial(xs, xr, ys, yr, K, s, b, epsilon, centered,
+                                        rounding == "llama", mean, var)
             return mean, var
         if policy.split_rows(M, K, path):
             took("rows", "split", path)

@@ -31,10 +31,10 @@ def launch(route, parallel, serial, arr, path, *args):
 
 def tables(weight, bias, dtype):
     """The column tables of ``weight`` and ``bias`` (None: ``-0.0``, which adds
-    nothing) in ``dtype``."""
-    w = np.ascontiguousarray(weight, dtype)
+    nothing) in ``dtype``, writeable (a read-only weight would be another Numba type)."""
+    w = storage_view(np.ascontiguousarray(weight, dtype))
     b = (np.full(w.size, -0.0, dtype) if bias is None
-         else np.ascontiguousarray(bias, dtype))
+         else storage_view(np.ascontiguousarray(bias, dtype)))
     return w, b
 
 
@@ -82,7 +82,7 @@ class GatedLoops:
         square of each q and k head (``M * (nq + nk)``)."""
         M, W = qkv.shape
         cd = compute_dtype(qkv.dtype)
-        qw, kw = np.ascontiguousarray(q_weight, cd), np.ascontiguousarray(k_weight, cd)
+        qw, kw = tables(q_weight, k_weight, cd)
         var = np.empty(M * (nq + nk))
         xs, xr = flat_rows(qkv)
         launch("qk_norm", qk_kernels.qk_norm_parallel, qk_kernels.qk_norm_serial, xs, path,

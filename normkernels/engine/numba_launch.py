@@ -161,6 +161,20 @@ def add_skip(x, skip, bias, target):
         target[...] = total.astype(x.dtype)
 
 
+# up to this many rows a serial row normalization skips the column tables
+TABLE_FREE_ROWS = 16
+
+
+def table_free(x, y, skip, sums, act, res):
+    """Does :func:`normkernels.kernels.fused_add.plain_rows_serial` run this serial call
+    (a few rows, no skip input, no epilogue, Y of X's dtype)? Its bits are the table
+    kernels'. Building their column tables costs more than a few rows (one row of 4096:
+    5 against 20 us); over many short rows the tables pay for themselves (256 rows of
+    256: 140 against 94 us), see docs/design.md."""
+    return (x.shape[0] <= TABLE_FREE_ROWS and skip is None and sums is None and res is None
+            and y.dtype == x.dtype and marker(act).kind == "none")
+
+
 def in_place_add(x, y, scale, B, skip, bias, sums, act, res):
     """Is this the in-place fused add (vLLM's ``fused_add_rms_norm``: y is x, the sums
     overwrite skip, no bias or epilogue), which

@@ -32,6 +32,7 @@ ROUTES = (
     "rows/fused/serial", "rows/fused/parallel", "rows/fused/streaming",
     "rows/split/parallel", "rows/split/streaming",
     "rows/fused add/serial", "rows/fused add/parallel", "rows/fused add/streaming",
+    "rows/table-free/serial",
     "rows/from-statistics/serial", "rows/from-statistics/parallel",
     "rows/from-statistics/streaming",
     "one-thread",  # a forked child: every call on the serial path

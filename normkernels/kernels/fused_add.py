@@ -1,6 +1,7 @@
-"""The in-place fused residual add and row normalization of a few rows (vLLM's
-``fused_add_rms_norm`` at decode), on one thread, without the row kernels' column
-tables.
+"""Row normalizations without the row kernels' column tables: the in-place fused
+residual add (vLLM's ``fused_add_rms_norm``, serial and parallel), and plain row
+normalization of a few rows on one thread (:func:`plain_rows_serial`: RMSNorm of a
+decode step's row).
 
 Per row: ``r <- round_T(x + r)``; the row's statistics of the rounded sum by
 :func:`normkernels.kernels.rows.row_statistics`, folded into ``m, a, c`` by
@@ -108,3 +109,18 @@ def fused_add_rows_parallel(x, xr, r, K, w, B, epsilon, centered, llama, mean, v
         first = item * rows_per_item
         fused_add_item(x, xr, r, K, w, B, epsilon, centered, llama, mean, var, first,
                        min(M, first + rows_per_item))
+
+
+@njit(**KERNEL_OPTIONS)
+def plain_rows_serial(x, xr, y, yr, K, w, B, epsilon, centered, llama, mean, var):
+    """Y of rows ``0..mean.size-1`` (x's row ``i`` at ``i * xr``, y's at ``i * yr``, y of
+    x's dtype): the fused add's arithmetic without its add, so the row kernels' bits
+    without their column tables, for a few rows where building the tables costs more
+    than the rows (RMSNormalization of one row of 4096 at decode)."""
+    m, a, c = row_compute_empty(x, 1), row_compute_empty(x, 1), row_compute_empty(x, 1)
+    none = row_compute_empty(x, 1)
+    none[0] = -0.0
+    for row in range(mean.size):
+        mean[row], var[row] = row_statistics(x, row * xr, K, centered)
+        fold_row(mean[row], var[row], epsilon, centered, m, a, c, 0)
+        _normalize_row(y, row * yr, x, row * xr, K, w, B, m[0], a[0], c[0], none[0], llama)
