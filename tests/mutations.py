@@ -923,6 +923,40 @@ MUTATIONS = [
                  (QUANT_K, "    for item in prange((M + rows_per_item - 1) // rows_per_item):",
                   "    for item in prange(M // rows_per_item):")],
              ["tests/test_paths.py", "-k", "quant and oracle"]),
+    # the table-free serial rows, the bound entry point, the table's records
+    mutation("table-free/any-row-count", "plain rows take the table-free kernel at any "
+             "row count (the tables' route is never taken on one thread)", [
+                 ("normkernels/engine/numba_launch.py",
+                  "    return (x.shape[0] <= TABLE_FREE_ROWS and skip is None",
+                  "    return (skip is None")],
+             ["tests/test_paths.py", "-k", "fused-serial"]),
+    mutation("table-free/epilogue-dropped", "a row normalization with an activation "
+             "epilogue takes the table-free kernel (which has none)", [
+                 ("normkernels/engine/numba_launch.py",
+                  "            and y.dtype == x.dtype and marker(act).kind == \"none\")",
+                  "            and y.dtype == x.dtype)")],
+             EPI_ROWS),
+    mutation("table-free/llama-dropped", "the table-free kernel rounds once under Llama's "
+             "rounding", [
+                 (ENGINE, "            fused_add.plain_rows_serial(xs, xr, ys, yr, K, s, b, "
+                  "epsilon, centered,\n                                        rounding == "
+                  "\"llama\", mean, var)",
+                  "            fused_add.plain_rows_serial(xs, xr, ys, yr, K, s, b, "
+                  "epsilon, centered,\n                                        False, mean, "
+                  "var)")],
+             ["tests/test_llm_rows.py", "-k", "llama or rounding"]),
+    mutation("table-free/statistics-of-first-row", "the table-free kernel normalizes every "
+             "row with the first row's statistics", [
+                 (FUSED_ADD, "        mean[row], var[row] = row_statistics(x, row * xr, K, "
+                  "centered)",
+                  "        mean[row], var[row] = row_statistics(x, 0, K, centered)")],
+             ["tests/test_paths.py", "-k", "table-free"]),
+    mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
+             "through (the gated norm's bind fails inside the recorder)", [
+                 (BINDING, "                and (callable(getattr(Engine, name, None)) or not "
+                  "hasattr(_Recorder, name))):",
+                  "                and callable(getattr(Engine, name, None))):")],
+             ["tests/test_bind.py", "-k", "gated"]),
 ]
 
 
