@@ -938,12 +938,9 @@ MUTATIONS = [
              EPI_ROWS),
     mutation("table-free/llama-dropped", "the table-free kernel rounds once under Llama's "
              "rounding", [
-                 (ENGINE, "            fused_add.plain_rows_serial(xs, xr, ys, yr, K, s, b, "
-                  "epsilon, centered,\n                                        rounding == "
+                 (ENGINE, "            kernel(xs, xr, ys, yr, K, s, b, epsilon, rounding == "
                   "\"llama\", mean, var)",
-                  "            fused_add.plain_rows_serial(xs, xr, ys, yr, K, s, b, "
-                  "epsilon, centered,\n                                        False, mean, "
-                  "var)")],
+                  "            kernel(xs, xr, ys, yr, K, s, b, epsilon, False, mean, var)")],
              ["tests/test_llm_rows.py", "-k", "llama or rounding"]),
     mutation("table-free/statistics-of-first-row", "the table-free kernel normalizes every "
              "row with the first row's statistics", [

@@ -93,8 +93,9 @@ class BoundCalls:
 
             return in_place_call
         if x.size <= policy.SERIAL_MAX_ELEMENTS and table_free(x, y, skip, sums, NONE, None):
-            return compiled_call(fused_add.plain_rows_serial, (
-                xs, xr, ys, yr, K, s, b, epsilon, centered, rounding == "llama", mean, var))
+            kernel = fused_add.plain_rows_serial if centered else fused_add.plain_rms_rows_serial
+            return compiled_call(kernel, (xs, xr, ys, yr, K, s, b, epsilon, rounding == "llama",
+                                          mean, var))
         if x.size <= policy.SERIAL_MAX_ELEMENTS:  # serial: one compiled call
             kernel = rows.rows_serial if centered else rows.rms_rows_serial
             return compiled_call(kernel, (xs, xr, ys, yr, K, s, b, epsilon, mean, var, skip_s,

@@ -243,8 +243,8 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
             return mean, var
         if path == "serial" and table_free(x, y, skip, sums, act, res):
             took("rows", "table-free", path)
-            fused_add.plain_rows_serial(xs, xr, ys, yr, K, s, b, epsilon, centered,
-                                        rounding == "llama", mean, var)
+            kernel = fused_add.plain_rows_serial if centered else fused_add.plain_rms_rows_serial
+            kernel(xs, xr, ys, yr, K, s, b, epsilon, rounding == "llama", mean, var)
             return mean, var
         if policy.split_rows(M, K, path):
             took("rows", "split", path)

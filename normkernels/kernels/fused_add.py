@@ -26,7 +26,7 @@ from normkernels.kernels.elements import (
     row_load,
     store,
 )
-from normkernels.kernels.options import KERNEL_OPTIONS
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.rows import fold_row, row_statistics
 
 
@@ -111,12 +111,14 @@ def fused_add_rows_parallel(x, xr, r, K, w, B, epsilon, centered, llama, mean, v
                        min(M, first + rows_per_item))
 
 
-@njit(**KERNEL_OPTIONS)
-def plain_rows_serial(x, xr, y, yr, K, w, B, epsilon, centered, llama, mean, var):
+@njit(**INLINE_OPTIONS)
+def _plain_rows(x, xr, y, yr, K, w, B, epsilon, centered, llama, mean, var):
     """Y of rows ``0..mean.size-1`` (x's row ``i`` at ``i * xr``, y's at ``i * yr``, y of
     x's dtype): the fused add's arithmetic without its add, so the row kernels' bits
     without their column tables, for a few rows where building the tables costs more
-    than the rows (RMSNormalization of one row of 4096 at decode)."""
+    than the rows (RMSNormalization of one row of 4096 at decode). Inlined with
+    ``centered`` a constant: each kernel compiles one statistic (a first call with an
+    empty cache compiled both, 0.7 s more)."""
     m, a, c = row_compute_empty(x, 1), row_compute_empty(x, 1), row_compute_empty(x, 1)
     none = row_compute_empty(x, 1)
     none[0] = -0.0
@@ -124,3 +126,15 @@ def plain_rows_serial(x, xr, y, yr, K, w, B, epsilon, centered, llama, mean, var
         mean[row], var[row] = row_statistics(x, row * xr, K, centered)
         fold_row(mean[row], var[row], epsilon, centered, m, a, c, 0)
         _normalize_row(y, row * yr, x, row * xr, K, w, B, m[0], a[0], c[0], none[0], llama)
+
+
+@njit(**KERNEL_OPTIONS)
+def plain_rows_serial(x, xr, y, yr, K, w, B, epsilon, llama, mean, var):
+    """Layer normalization of a few rows (:func:`_plain_rows`)."""
+    _plain_rows(x, xr, y, yr, K, w, B, epsilon, True, llama, mean, var)
+
+
+@njit(**KERNEL_OPTIONS)
+def plain_rms_rows_serial(x, xr, y, yr, K, w, B, epsilon, llama, mean, var):
+    """RMS normalization of a few rows (:func:`_plain_rows`; ``var``: the mean square)."""
+    _plain_rows(x, xr, y, yr, K, w, B, epsilon, False, llama, mean, var)
