@@ -34,12 +34,12 @@ def _dispatchers():
 DISPATCHERS = _dispatchers()
 
 
-def _signatures():
+def kernel_signatures():
     return {name: set(d.signatures) for name, d in DISPATCHERS.items()}
 
 
 def _new(before):
-    after = _signatures()
+    after = kernel_signatures()
     return {name: sorted(map(str, after[name] - before[name])) for name in after
             if after[name] - before[name]}
 
@@ -129,7 +129,7 @@ def test_no_call_compiles_after_the_first(rng, op, mode, dtype, fmt):
     for variants in entries.values():
         first, *later = variants.items()
         first[1]()
-        before = _signatures()
+        before = kernel_signatures()
         for name, run in later:
             try:
                 run()
@@ -142,7 +142,7 @@ def test_no_call_compiles_after_the_first(rng, op, mode, dtype, fmt):
             new = _new(before)
             if new:
                 compiled[name] = new
-            before = _signatures()
+            before = kernel_signatures()
     assert not compiled, compiled
 
 
@@ -208,7 +208,7 @@ from normkernels.warm import DTYPES, _workload
 name, dtype, layouts = {name!r}, {dtype!r}, {layouts!r}
 nk.warmup([name], [dtype], layouts)
 op = OPERATORS[name]
-before = tc._signatures()
+before = tc.kernel_signatures()
 rng = np.random.default_rng(1)
 compiled = []
 # shapes the warmup does not use, at every scale the size policy tells apart
@@ -235,7 +235,7 @@ for mode in op.modes:
             new = tc._new(before)
             if new:
                 compiled.append([mode, layout, list(shape), sorted(new)])
-            before = tc._signatures()
+            before = tc.kernel_signatures()
 print(json.dumps(compiled))
 """
 

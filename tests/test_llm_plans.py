@@ -9,17 +9,13 @@ strides, the parameters' values) gives the bits of a fresh unplanned call
 (``plans.clear()`` first); read-only inputs make neither a new plan nor a compile.
 """
 
-import importlib
-import pkgutil
-
 import ml_dtypes
 import numpy as np
 import pytest
 from arrays import BFLOAT16, assert_identical
-from numba.core.dispatcher import Dispatcher
+from test_compiles import kernel_signatures  # every kernel's compiled signatures
 
 import normkernels as nk
-import normkernels.kernels as kernels_package
 from normkernels.ops import plans
 
 FP8 = ml_dtypes.float8_e4m3fn
@@ -233,20 +229,6 @@ def test_a_plan_serves_only_its_own_calls(rng, op, first_kw, kw, how, dtype):
     _same(planned, got)
 
 
-def _dispatchers():
-    found = {}
-    for info in pkgutil.iter_modules(kernels_package.__path__):
-        module = importlib.import_module(f"normkernels.kernels.{info.name}")
-        for name, obj in vars(module).items():
-            if isinstance(obj, Dispatcher):
-                found[f"{info.name}.{name}"] = obj
-    return found
-
-
-def _signatures(dispatchers):
-    return {name: set(d.signatures) for name, d in dispatchers.items()}
-
-
 def _read_only(a):
     a = a.copy()
     a.flags.writeable = False
@@ -260,23 +242,21 @@ def test_read_only_inputs_make_no_plan_and_no_compile(rng, op, kw, dtype):
     call = OPS[op]
     for _ in range(3):
         want = call(x, z, w, b, **kw)
-    dispatchers = _dispatchers()
-    keys, compiled = plans.stored_keys(), _signatures(dispatchers)
+    keys, compiled = plans.stored_keys(), kernel_signatures()
     frozen = [_read_only(a) for a in (x, z, w, b)]
     for _ in range(3):
         _same(call(*frozen, **kw), want)
     assert plans.stored_keys() == keys
-    assert _signatures(dispatchers) == compiled
+    assert kernel_signatures() == compiled
 
 
 def test_a_read_only_gated_weight_compiles_nothing(rng):
     """engine/numba_gated.py's tables() hands the kernels writeable weights."""
     x, z, w, b = _data(rng, (4, 512), np.float32)
     _gated(x, z, w, b)
-    dispatchers = _dispatchers()
-    compiled = _signatures(dispatchers)
+    compiled = kernel_signatures()
     _gated(x, z, _read_only(w), b)
-    assert _signatures(dispatchers) == compiled
+    assert kernel_signatures() == compiled
 
 
 def test_a_read_only_out_or_residual_gets_the_full_checks(rng):
