@@ -221,29 +221,29 @@ def quantized_rms_normalization(x, weight, *, dtype, epsilon=1e-6, static_scale=
                                 group_size=None, scale_ub=None, residual=None, offset=0.0,
                                 engine, path=None):
     """Spec layer of :func:`normkernels.quantized_rms_normalization`."""
-    key = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
-        key, result = _planned(RMS, engine, x, weight, None, residual, dtype, epsilon,
-                               static_scale, group_size, scale_ub, offset)
-        if result is not None:
-            return result
-    return quantized_normalization(RMS, x, weight, None, dtype=dtype, epsilon=epsilon,
-                                   static_scale=static_scale, group_size=group_size,
-                                   scale_ub=scale_ub, residual=residual, offset=offset,
-                                   centered=False, engine=engine, path=path, key=key)
+    return _spec(RMS, False, x, weight, None, dtype, epsilon, static_scale, group_size,
+                 scale_ub, residual, offset, engine, path)
 
 
 def quantized_layer_normalization(x, weight, bias=None, *, dtype, epsilon=1e-6,
                                   static_scale=None, group_size=None, scale_ub=None,
                                   residual=None, offset=0.0, engine, path=None):
     """Spec layer of :func:`normkernels.quantized_layer_normalization`."""
+    return _spec(LAYER, True, x, weight, bias, dtype, epsilon, static_scale, group_size,
+                 scale_ub, residual, offset, engine, path)
+
+
+def _spec(label, centered, x, weight, bias, dtype, epsilon, static_scale, group_size,
+          scale_ub, residual, offset, engine, path):
+    """A plan of an earlier call with this metadata (see ops/plans.py), else the full
+    checks (positional: a decode step's call is a few microseconds)."""
     key = None
-    if path is None:  # a plan of an earlier call with this metadata (see ops/plans.py)
-        key, result = _planned(LAYER, engine, x, weight, bias, residual, dtype, epsilon,
+    if path is None:
+        key, result = _planned(label, engine, x, weight, bias, residual, dtype, epsilon,
                                static_scale, group_size, scale_ub, offset)
         if result is not None:
             return result
-    return quantized_normalization(LAYER, x, weight, bias, dtype=dtype, epsilon=epsilon,
+    return quantized_normalization(label, x, weight, bias, dtype=dtype, epsilon=epsilon,
                                    static_scale=static_scale, group_size=group_size,
                                    scale_ub=scale_ub, residual=residual, offset=offset,
-                                   centered=True, engine=engine, path=path, key=key)
+                                   centered=centered, engine=engine, path=path, key=key)
