@@ -129,3 +129,15 @@ class QuantizedTwins:
         nans = quantize_rows_from(src, w, b, q, scales, epsilon, centered, offset, fp8, static,
                                   group, scale_ub, floor, mean, var)
         return mean, var, nans
+
+    def quantized_plan(self, dtype, M, K, group, centered, fp8, static, scale_ub, floor, bias):
+        """:meth:`normkernels.engine.numba_quantized.QuantizedLoops.quantized_plan`:
+        :meth:`quantized_rows` on the plan's rows."""
+        def run(x, w, b, res, q, scales, epsilon, offset):
+            rows = (M, K)
+            return self.quantized_rows(x.reshape(rows), w, b,
+                                       None if res is None else res.reshape(rows),
+                                       q.reshape(rows), scales, epsilon, centered, offset, fp8,
+                                       static, group, scale_ub, floor)[2]
+
+        return run

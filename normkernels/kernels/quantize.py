@@ -183,29 +183,6 @@ def _add_residual(x, xo, res, ro, K):
 
 
 @njit(**INLINE_OPTIONS)
-def _normalize(src, so, lo, hi, f, wt, bt, ys, centered):
-    """``ys[lo:hi] = ((x - m) * a + c) * wt + bt`` of columns ``lo..hi-1`` of row
-    ``src[so:]`` (``m, a, c`` in ``f[0:3]``, ``f[4]`` zero); returns the largest bits
-    of ``|y|`` (:func:`abs_bits`: an integer maximum, which vectorises without
-    fast-math). Not ``centered`` (RMS: ``m = 0``, ``c = -0.0``, no bias: ``bt`` is
-    ``-0.0``) the same bits as ``x * a * wt``, computed so."""
-    xs, w, b, y = src[so + lo:so + hi], wt[lo:hi], bt[lo:hi], ys[lo:hi]
-    m, a, c = f[0], f[1], f[2]
-    top = abs_bits(f[4])  # f[4] is 0: zero in the bits' type
-    if not centered:
-        for i in range(hi - lo):
-            v = (load(xs, i) * a) * w[i]
-            y[i] = v
-            top = max(top, abs_bits(v))
-        return top
-    for i in range(hi - lo):
-        v = ((load(xs, i) - m) * a + c) * w[i] + b[i]
-        y[i] = v
-        top = max(top, abs_bits(v))
-    return top
-
-
-@njit(**INLINE_OPTIONS)
 def _abs_max(ys, lo, hi, zero):
     """``max |ys[lo:hi]|`` ignoring NaNs (a row with NaNs: the slow way)."""
     best = zero
@@ -216,57 +193,44 @@ def _abs_max(ys, lo, hi, zero):
 
 
 @njit(**INLINE_OPTIONS)
-def _quantize_group(ys, lo, hi, d, fp8, q, qo):
-    """``q[qo + i] = quant(ys[lo + i] op d)``: ``* d`` for int8, ``/ d`` for float8."""
-    v = ys[lo:hi]
-    qs = q[qo + lo:qo + hi]
-    if fp8:
-        for i in range(hi - lo):
-            qs[i] = fp8_bits(v[i] / d)
-    else:
-        for i in range(hi - lo):
-            qs[i] = np.uint8(int8_round(v[i] * d))
-
-
-@njit(**INLINE_OPTIONS)
-def _y(xs, i, m, a, c, w, b, centered):
-    """y of element ``i``; not ``centered``, ``x * a * w``: the same bits (see
-    :func:`_normalize`)."""
+def _y(xs, i, m, a, c, w, off, b, centered):
+    """y of element ``i`` (see :func:`_row`)."""
     if centered:
-        return ((load(xs, i) - m) * a + c) * w[i] + b[i]
-    return (load(xs, i) * a) * w[i]
+        return ((load(xs, i) - m) * a + c) * (off + load(w, i)) + load(b, i)
+    return (load(xs, i) * a) * (off + load(w, i))
 
 
 @njit(**INLINE_OPTIONS)
-def _static_row(src, so, K, f, wt, bt, d, fp8, q, qo, centered):
+def _static_row(src, so, K, f, w, off, b, d, fp8, q, qo, centered):
     """A row with a static scale in one pass (no scratch): ``q = quant(y op d)`` as
-    :func:`_quantize_group` of :func:`_normalize`'s y; returns the largest bits of
+    the dynamic rows' quotients of :func:`_y`; returns the largest bits of
     ``|y|`` (NaN above infinity: the only NaN quotient, ``d`` being finite)."""
     xs, qs = src[so:so + K], q[qo:qo + K]
     m, a, c = f[0], f[1], f[2]
     top = abs_bits(f[4])
     if fp8:
         for i in range(K):
-            v = _y(xs, i, m, a, c, wt, bt, centered)
+            v = _y(xs, i, m, a, c, w, off, b, centered)
             top = max(top, abs_bits(v))
             qs[i] = fp8_bits(v / d)
     else:
         for i in range(K):
-            v = _y(xs, i, m, a, c, wt, bt, centered)
+            v = _y(xs, i, m, a, c, w, off, b, centered)
             top = max(top, abs_bits(v))
             qs[i] = np.uint8(int8_round(v * d))
     return top
 
 
 @njit(**INLINE_OPTIONS)
-def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub, floor, q, qo,
-         scales, so, ys, f, mean, var, nans, r):
+def _row(x, xo, res, ro, K, G, epsilon, centered, w, off, b, fp8, static, scale_ub, floor, q,
+         qo, scales, so, ys, f):
+    """Row ``x[xo:]`` (after the residual add): ``(mean, var, nans)``, the float64
+    statistics and the number of groups with a NaN quotient (int8)."""
     src, sr = x, xo
     if res.size:
         _add_residual(x, xo, res, ro, K)
         src, sr = res, ro
     mu, v = row_statistics(src, sr, K, centered)
-    mean[r], var[r] = mu, v
     inv = 1.0 / math.sqrt(v + epsilon)  # the fold of rows.fold_row, in the compute dtype
     f[1] = inv
     f[0] = mu if centered else 0.0
@@ -278,28 +242,64 @@ def _row(x, xo, res, ro, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
     count = 0
     if static != 0.0:
         f[3] = np.float64(static) if fp8 else 1.0 / np.float64(static)
-        top = _static_row(src, sr, K, f, wt, bt, f[3], fp8, q, qo, centered)
+        top = _static_row(src, sr, K, f, w, off, b, f[3], fp8, q, qo, centered)
         amax = magnitude(top, f[0])
-        nans[r] = 0 if fp8 else np.int64(amax != amax)
-        return
-    for g in range(K // G):
-        lo = g * G
-        top = _normalize(src, sr, lo, lo + G, f, wt, bt, ys, centered)
-        amax = magnitude(top, f[0])
+        return mu, v, 0 if fp8 else np.int64(amax != amax)
+    # Per group of G columns: y = ((x - m) * a + c) * (off + w) + b (not centered: m = 0,
+    # c = -0.0, no bias, so the same bits as x * a * (off + w), computed so) into the
+    # scratch ys, and the largest bits of |y| (abs_bits: an integer maximum, which
+    # vectorises without fast-math); then each group's scale and multiplier; then the
+    # quotients. Three passes over the groups, so that the scalar work between a group's
+    # maximum and its quotients (two float64 divisions, the clamps) overlaps across
+    # groups. The loops are written here, indexing the row's arrays with unsigned
+    # offsets (no wrap-around test: they vectorise), not in helpers nor on slices: an
+    # inlined helper's array arguments, like a slice, cost atomic reference counts per
+    # group (groups of 32: 1.9 ns an element against 0.35).
+    ng = K // G
+    xs, qs = src[sr:sr + K], q[qo:qo + K]
+    m, a, c = f[0], f[1], f[2]
+    for g in range(ng):
+        top = abs_bits(f[4])  # f[4] is 0: zero in the bits' type
+        if centered:
+            for i in range(G):
+                j = np.uint64(g * G + i)
+                y = ((load(xs, j) - m) * a + c) * (off + load(w, j)) + load(b, j)
+                ys[j] = y
+                top = max(top, abs_bits(y))
+        else:
+            for i in range(G):
+                j = np.uint64(g * G + i)
+                y = (load(xs, j) * a) * (off + load(w, j))
+                ys[j] = y
+                top = max(top, abs_bits(y))
+        f[5 + g] = magnitude(top, f[0])
+    for g in range(ng):
+        amax = f[5 + g]
         top_nan = amax != amax
         if top_nan:
-            amax = _abs_max(ys, lo, lo + G, f[4])
+            amax = _abs_max(ys, g * G, g * G + G, f[4])
         s = np.float32(np.float64(amax) / qmax)
         s = s if s < scale_ub else scale_ub
         s = s if s > floor else floor
         scales[so + g] = s
-        f[3] = np.float64(s) if fp8 else 1.0 / np.float64(s)
-        _quantize_group(ys, lo, lo + G, f[3], fp8, q, qo)
+        # the multiplier: 1 / s for int8 (vLLM's inverted scale), s itself for float8
+        # (a division: vLLM's "to match FBGemm")
+        f[5 + ng + g] = np.float64(s) if fp8 else 1.0 / np.float64(s)
         # a NaN quotient: a NaN y, or inf * 0 (an infinite y and scale; the spec layer
         # keeps 1 / s finite): counted per group, without a test per element
         if not fp8:
-            count += top_nan or math.isnan(amax * f[3])
-    nans[r] = count
+            count += top_nan or math.isnan(amax * f[5 + ng + g])
+    for g in range(ng):
+        d = f[5 + ng + g]
+        if fp8:
+            for i in range(G):
+                j = np.uint64(g * G + i)
+                qs[j] = fp8_bits(ys[j] / d)
+        else:
+            for i in range(G):
+                j = np.uint64(g * G + i)
+                qs[j] = np.uint8(int8_round(ys[j] * d))
+    return mu, v, count
 
 
 @njit(**INLINE_OPTIONS)
@@ -323,14 +323,17 @@ def prepare(x, w, b, offset, K):
 @njit(**KERNEL_OPTIONS)
 def quantize_item(x, xr, res, rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
                   floor, q, scales, mean, var, nans, first, last):
-    """Rows ``first..last-1`` of :func:`quantize_rows`."""
+    """Rows ``first..last-1`` of :func:`quantize_rows`. The tables hold ``offset + w``
+    already: the offset added here is ``-0.0``, which changes no bits."""
     ys = compute_empty(x, K)
-    f = compute_empty(x, 5)
+    f = compute_empty(x, 5 + 2 * (K // G))
+    f[0] = -0.0
+    off = f[0]
     ng = K // G
     for r in range(first, last):
-        _row(x, r * xr, res, r * rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
-             floor, q, r * K, scales, r * ng if static == 0.0 else 0, ys, f, mean, var,
-             nans, r)
+        mean[r], var[r], nans[r] = _row(
+            x, r * xr, res, r * rr, K, G, epsilon, centered, wt, off, bt, fp8, static,
+            scale_ub, floor, q, r * K, scales, r * ng if static == 0.0 else 0, ys, f)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -355,3 +358,28 @@ def quantize_rows(x, xr, res, rr, w, b, K, G, epsilon, centered, offset, fp8, st
 
 
 quantize_rows_serial = serial_twin(quantize_rows, **KERNEL_OPTIONS)
+
+
+@njit(**KERNEL_OPTIONS)
+def quantize_rows_table_free(x, xr, res, rr, w, b, K, G, epsilon, centered, offset, fp8, static,
+                             scale_ub, floor, q, scales, mean, var):
+    """:func:`quantize_rows` of a few rows (``M = q.size // K``) on one thread, without
+    the column tables: ``offset + w`` and ``b`` are read from the storage arrays for
+    every row (the same bits: the tables hold those values). At a decode step, one row
+    of 4096, building the tables cost more than the row. ``b`` is read only when
+    ``centered``: there the caller passes ``K`` values of ``-0.0`` for no bias (which
+    adds nothing). Returns the number of groups with a NaN quotient (int8); the
+    statistics go to ``mean`` and ``var`` unless they are empty (a plan's call, which
+    does not return them)."""
+    ys = compute_empty(x, K)
+    f = compute_empty(x, 5 + 2 * (K // G))
+    ng = K // G
+    count = 0
+    for r in range(q.size // K):
+        mu, v, nans = _row(x, r * xr, res, r * rr, K, G, epsilon, centered, w, offset, b,
+                           fp8, static, scale_ub, floor, q, r * K, scales,
+                           r * ng if static == 0.0 else 0, ys, f)
+        count += nans
+        if mean.size:
+            mean[r], var[r] = mu, v
+    return count

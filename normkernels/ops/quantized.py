@@ -168,27 +168,38 @@ def quantized_normalization(label, x, weight, bias, *, dtype, epsilon, static_sc
 class _Plan:
     """A call plan (see :mod:`normkernels.ops.plans`) of C-contiguous arrays: only the
     checks that depend on more than the key (the residual writeable and apart from x),
-    then :meth:`run`, which the full path runs too. The float attributes are the
-    caller's, converted as the full checks convert them (a key does not tell ``-0.0``
-    from ``0.0``)."""
+    then the engine's bound call (``engine.quantized_plan``, made at the first planned
+    call). :meth:`run` is the full path's. The float attributes are the caller's,
+    converted as the full checks convert them (a key does not tell ``-0.0`` from
+    ``0.0``)."""
 
-    __slots__ = ("G", "K", "M", "centered", "engine", "label", "qd", "shape")
+    __slots__ = ("G", "K", "M", "bound", "centered", "engine", "label", "qd", "scale_shape",
+                 "shape")
 
     def __init__(self, label, engine, centered, qd, G, shape, M, K):
         self.label, self.engine, self.centered, self.qd, self.G = label, engine, centered, qd, G
         self.shape, self.M, self.K = shape, M, K
+        self.scale_shape = (*shape[:-1], K // max(G, 1))
+        self.bound = None
 
     def __call__(self, x, weight, bias, residual, epsilon, static, scale_ub, offset):
         if residual is not None and (not residual.flags.writeable
                                      or np.may_share_memory(residual, x)):
             return None
-        M, K = self.M, self.K
-        result, nans = self.run(x.reshape(M, K), weight, bias,
-                                None if residual is None else residual.reshape(M, K),
-                                float(epsilon), None if static is None else float(static),
-                                None if scale_ub is None else float(scale_ub), float(offset),
-                                None)
-        return _checked_nans(self.label, nans, result)
+        run = self.bound
+        if run is None:
+            run = self.bound = self.engine.quantized_plan(
+                x.dtype, self.M, self.K, self.G, self.centered, self.qd == FP8,
+                None if static is None else float(static),
+                None if scale_ub is None else float(scale_ub), FLOORS[self.qd], bias)
+        q = np.empty(self.shape, np.uint8)
+        scales = None if static is not None else np.empty(self.scale_shape, np.float32)
+        nans = run(x, weight, bias, residual, q, scales, float(epsilon), float(offset))
+        if nans:
+            _checked_nans(self.label, nans, None)
+        if static is not None:
+            return q.view(self.qd), np.array(float(static), np.float32)
+        return q.view(self.qd), scales
 
     def run(self, xr, w, b, rr, eps, static, ub, off, path):
         """``((q, scales), nans)`` of checked ``M x K`` rows ``xr`` (and residual rows
@@ -197,7 +208,7 @@ class _Plan:
         q = np.empty((M, K), np.uint8)
         scales, nans = None, 0
         if static is None:
-            scales = np.empty((*self.shape[:-1], K // max(G, 1)), np.float32)
+            scales = np.empty(self.scale_shape, np.float32)
         if M:
             _, _, nans = self.engine.quantized_rows(xr, w, b, rr, q, scales, eps,
                                                     self.centered, off, qd == FP8, static, G,
