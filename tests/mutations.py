@@ -443,13 +443,18 @@ MUTATIONS = [
                   "            a[g] = 1.0 / math.sqrt(var[j + g])")],
              ["tests/test_gated.py", "-k", "hostile_values"]),
     mutation("qk-k-heads-q-weight", "k heads scaled by q_weight", [
-                 (QK, "            _scale(x[o + h * D:o + h * D + D], a[h], kw, llama)",
-                  "            _scale(x[o + h * D:o + h * D + D], a[h], qw, llama)")],
+                 (QK, "            _scale(x, o + h * D, D, a[h], kw, llama)",
+                  "            _scale(x, o + h * D, D, a[h], qw, llama)")],
              ["tests/test_qk_norm.py", "-k", "once_matches_oracle"]),
     mutation("qk-v-heads-for-k", "the k heads' scaling is written over the v heads", [
-                 (QK, "            _scale(x[o + h * D:o + h * D + D], a[h], kw, llama)",
-                  "            _scale(x[o + (h + nk) * D:o + (h + nk) * D + D], a[h], kw, llama)")],
+                 (QK, "            _scale(x, o + h * D, D, a[h], kw, llama)",
+                  "            _scale(x, o + (h + nk) * D, D, a[h], kw, llama)")],
              ["tests/test_qk_norm.py", "-k", "once_matches_oracle"]),
+    mutation("qk-float32-overflow-kept", "a bfloat16 head whose float32 sum of squares "
+             "overflows keeps it (no float64 statistics)", [
+                 (QK, "            if not (inline and math.isfinite(var[j + h])):",
+                  "            if not inline:")],
+             ["tests/test_qk_norm.py", "-k", "squares_beyond_float32"]),
     mutation("qk-llama-rounds-once", "rounding='llama' skips the rounding of x_hat to T", [
                  (QK, "    if llama:\n", "    if llama and False:\n")],
              ["tests/test_qk_norm.py", "-k", "llama_rounding"]),

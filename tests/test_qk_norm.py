@@ -14,8 +14,10 @@ from normkernels.engine.numba_engine import ENGINE
 
 F64 = np.dtype(np.float64)
 # (tokens, nq, nkv, head_dim)
+# long-heads: 16-bit statistics in two float32 runs (256 + 8), vector bodies and a tail
 SHAPES = {"qwen3-8b": (512, 32, 8, 128), "decode": (1, 4, 2, 64), "odd": (7, 3, 1, 24),
-          "tiny-heads": (5, 2, 2, 7), "two-items": (70, 2, 1, 128)}
+          "tiny-heads": (5, 2, 2, 7), "two-items": (70, 2, 1, 128),
+          "long-heads": (3, 2, 1, 264)}
 
 
 def round_to(values, dtype):
@@ -83,7 +85,7 @@ def test_once_matches_oracle_in_place(rng, dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
-@pytest.mark.parametrize("shape", ["qwen3-8b", "odd", "tiny-heads"])
+@pytest.mark.parametrize("shape", ["qwen3-8b", "odd", "tiny-heads", "long-heads"])
 def test_llama_rounding_matches_its_oracle(rng, dtype, shape):
     """round_T(x_hat), then times w in float32, rounded again (HF Qwen3RMSNorm)."""
     _M, nq, nkv, D = SHAPES[shape]
@@ -111,7 +113,7 @@ def test_llama_rounding_matches_its_oracle(rng, dtype, shape):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
 @pytest.mark.parametrize("rounding", ["once", "llama"])
-@pytest.mark.parametrize("shape", ["two-items", "odd", "decode"])
+@pytest.mark.parametrize("shape", ["two-items", "odd", "decode", "long-heads"])
 def test_paths_and_twin_bit_identical(rng, dtype, rounding, shape):
     _M, nq, nkv, _D = SHAPES[shape]
     qkv, qw, kw = make(rng, SHAPES[shape], dtype)
@@ -172,6 +174,29 @@ def test_large_offset_and_hostile_values(rng, dtype):
     assert_close(got, exact, tol + 1e-300)
     assert not got[1, 0].any() and np.isnan(got[2, 1]).all() and np.isfinite(got[2, 0]).all()
     assert_identical(qk_parts(qkv, nq, nkv, D)[1], qk_parts(original, nq, nkv, D)[1])
+
+
+@pytest.mark.parametrize("D", [128, 264])
+def test_bfloat16_squares_beyond_float32(rng, D):
+    """A bfloat16 head whose squares overflow float32 takes the float64 statistics."""
+    nq, nkv = 2, 1
+    qkv, qw, kw = make(rng, (3, nq, nkv, D), BFLOAT16)
+    qkv[1, D:2 * D] = (qkv[1, D:2 * D].astype(F64) * 1e20).astype(BFLOAT16)
+    original = qkv.copy()
+    results = []
+    for path in ("serial", "parallel"):
+        a = original.copy()
+        results.append((a, ENGINE.qk_rms(a, qw, kw, nq, nkv, 1e-6, False, path)))
+    assert_identical(results[0][0], results[1][0])
+    assert np.array_equal(results[0][1], results[1][1])
+    assert np.isfinite(results[0][1]).all() and results[0][1][4] > 1e38
+    twin = original.copy()
+    reference.ENGINE.qk_rms(twin, qw, kw, nq, nkv, 1e-6, False, var=results[0][1])
+    assert_identical(results[0][0], twin)
+    xh, w = oracle(original, qw, kw, nq, nkv, D, 1e-6)
+    exact = xh * w
+    got = qk_parts(results[0][0], nq, nkv, D)[0].reshape(exact.shape)
+    assert_close(got, exact, 8 * u_c(BFLOAT16) * np.abs(exact) + 0.5 * ulp(exact, BFLOAT16))
 
 
 def test_errors():
