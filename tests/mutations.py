@@ -105,6 +105,7 @@ ORT_GN = ["tests/test_ort_group_norm.py"]
 ADA_SPEC = "normkernels/ops/modulated.py"
 ADA = ["tests/test_ada_layer_norm.py"]
 ACT_GRAD_K = "normkernels/kernels/activation_grad.py"
+GRADIENTS = "normkernels/engine/numba_gradients.py"
 EPI_BWD_SPEC = "normkernels/ops/epilogue_backward.py"
 EPI_BWD = ["tests/test_epilogue_backward.py"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
@@ -928,6 +929,40 @@ MUTATIONS = [
                  (QUANT_K, "    for item in prange((M + rows_per_item - 1) // rows_per_item):",
                   "    for item in prange(M // rows_per_item):")],
              ["tests/test_paths.py", "-k", "quant and oracle"]),
+    # the epilogues' gradient routes (activation_grad, relu_mask, gated_backward): a
+    # forced path ignored (the parallel route never taken), and each loop's (and its
+    # one-thread twin's) last item left out (test_paths' serial cases)
+    mutation("epilogue-routes/activation-grad-path-ignored", "the activation gradient "
+             "ignores path= (forced parallel runs the serial kernel)", [
+                 (GRADIENTS, "dys, path, z.reshape(-1)", "dys, None, z.reshape(-1)")],
+             ["tests/test_paths.py", "-k", "act-grad and not serial and oracle"]),
+    mutation("epilogue-routes/activation-grad-last-item-dropped", "the activation "
+             "gradient's loop over items leaves out the last, short one (all of a call "
+             "under 64K elements)", [
+                 (ACT_GRAD_K, "    n = z.size\n    for item in prange((n + ITEM_ELEMENTS - 1) "
+                  "// ITEM_ELEMENTS):", "    n = z.size\n    for item in prange(n // "
+                  "ITEM_ELEMENTS):")],
+             ["tests/test_paths.py", "-k", "act-grad-serial and oracle"]),
+    mutation("epilogue-routes/relu-mask-path-ignored", "ReLU's mask ignores path= (forced "
+             "parallel runs the serial kernel)", [
+                 (GRADIENTS, "dys,\n               path, ys, dys, dzs)",
+                  "dys,\n               None, ys, dys, dzs)")],
+             ["tests/test_paths.py", "-k", "relu-grad and not serial and oracle"]),
+    mutation("epilogue-routes/relu-mask-last-item-dropped", "ReLU's mask's loop over items "
+             "leaves out the last, short one", [
+                 (ACT_GRAD_K, "    n = y.size\n    for item in prange((n + ITEM_ELEMENTS - 1) "
+                  "// ITEM_ELEMENTS):", "    n = y.size\n    for item in prange(n // "
+                  "ITEM_ELEMENTS):")],
+             ["tests/test_paths.py", "-k", "relu-grad-serial and oracle"]),
+    mutation("epilogue-routes/gated-backward-path-ignored", "AdaLN's gated backward "
+             "ignores path= (forced parallel runs the serial kernel)", [
+                 (GRADIENTS, "xs, path, dln.reshape(-1)", "xs, None, dln.reshape(-1)")],
+             ["tests/test_paths.py", "-k", "ada-grad and not serial and oracle"]),
+    mutation("epilogue-routes/gated-backward-last-sample-dropped", "AdaLN's gated "
+             "backward's loop over samples leaves out the last", [
+                 (SKIP_SUMS_K, "    for k in prange(M // rows_per_gate):",
+                  "    for k in prange(M // rows_per_gate - 1):")],
+             ["tests/test_paths.py", "-k", "ada-grad-serial and oracle"]),
     # the table-free serial rows, the bound entry point, the table's records
     mutation("table-free/any-row-count", "plain rows take the table-free kernel at any "
              "row count (the tables' route is never taken on one thread)", [

@@ -49,6 +49,9 @@ ROUTES = (
     "gated_rms/serial", "gated_rms/parallel", "gated_rms_backward/serial",
     "gated_rms_backward/parallel", "qk_norm/serial", "qk_norm/parallel",
     "quantized_rows/serial", "quantized_rows/parallel",
+    # the epilogues' elementwise gradients (numba_gradients.py): no streaming loop either
+    "activation_grad/serial", "activation_grad/parallel", "relu_mask/serial",
+    "relu_mask/parallel", "gated_backward/serial", "gated_backward/parallel",
 )
 _trace = None
 
