@@ -116,6 +116,7 @@ FUSED_ADD_SPEC = "normkernels/ops/fused_add.py"
 GATED = "normkernels/kernels/gated.py"
 QUANT_K = "normkernels/kernels/quantize.py"
 QUANT_SPEC = "normkernels/ops/quantized.py"
+QUANT_ENGINE = "normkernels/engine/numba_quantized.py"
 QK = "normkernels/kernels/qk_norm.py"
 TARGET = "normkernels/kernels/target.py"
 PORTABLE = ["tests/test_portable.py"]
@@ -525,6 +526,21 @@ MUTATIONS = [
                   '"scale_ub", scale_ub)', 'ub = None if scale_ub is None else '
                   '_positive_float32(label, "scale_ub", scale_ub) and None')],
              ["tests/test_quantized.py", "-k", "against_the_oracle and ub"]),
+    # the table-free quantized rows (a decode step) and the plan's bound call of them
+    mutation("quantized/table-free-first-row-only", "the table-free quantized kernel "
+             "quantizes the first row only", [
+                 (QUANT_K, "    for r in range(q.size // K):", "    for r in range(1):")],
+             ["tests/test_paths.py", "-k", "table-free and quant"]),
+    mutation("quantized/table-free-bias-dropped", "the table-free quantized layer norm "
+             "drops the bias", [
+                 (QUANT_ENGINE, "storage_view(w), _table_free_bias(b, x.dtype, K, centered)",
+                  "storage_view(w), _table_free_bias(None, x.dtype, K, centered)")],
+             ["tests/test_paths.py", "-k", "table-free and quant"]),
+    mutation("quantized/plan-offset-dropped", "a planned quantized call drops the offset "
+             "(Gemma's 1 + w)", [
+                 (QUANT_ENGINE, "epsilon, centered, cd(offset), fp8,",
+                  "epsilon, centered, cd(0.0), fp8,")],
+             ["tests/test_llm_plans.py", "-k", "quantized"]),
     mutation("bind-copies-read-only-params", "a bound inference call copies small "
              "read-only parameters at binding (later contents unseen)", [
                  (BOUND, "        p0, p1, p2, p3 = (storage_alias(scale), storage_alias(B), "

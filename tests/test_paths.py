@@ -347,6 +347,14 @@ CASES.update({
                                                        f"{LLM_ROUTES[op]}/serial"],
                             path="parallel", forked=True)
        for op in ("gated", "gated-grad", "qk", "quant-fp8")},
+    # up to numba_launch.TABLE_FREE_ROWS rows on the serial path (a decode step): the
+    # quantized rows without column tables, the bits of the table kernels
+    **{f"{op}-table-free": case(op, (5, 256), "NCX", ["quantized_rows/table-free/serial"],
+                                path="serial")
+       for op in ("quant-int8", "quant-fp8")},
+    "quant-int8-table-free-forked": case("quant-int8", (5, 256), "NCX",
+                                         ["one-thread", "quantized_rows/table-free/serial"],
+                                         path="parallel", forked=True),
 })
 
 # the epilogues' elementwise gradients: BatchNormalization's backward through SiLU and

@@ -48,7 +48,7 @@ ROUTES = (
     # issue 32's kernels: no streaming loop (the streaming path runs the parallel one)
     "gated_rms/serial", "gated_rms/parallel", "gated_rms_backward/serial",
     "gated_rms_backward/parallel", "qk_norm/serial", "qk_norm/parallel",
-    "quantized_rows/serial", "quantized_rows/parallel",
+    "quantized_rows/serial", "quantized_rows/parallel", "quantized_rows/table-free/serial",
     # the epilogues' elementwise gradients (numba_gradients.py): no streaming loop either
     "activation_grad/serial", "activation_grad/parallel", "relu_mask/serial",
     "relu_mask/parallel", "gated_backward/serial", "gated_backward/parallel",
