@@ -87,3 +87,64 @@ def test_networks_command_rejects_an_unknown_network(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--suite", "networks", "--network", "nope"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def _fused(layers=2, rows=4):
+    return networks.Network("t", "t", "fused-add-rmsnorm", "NCX", ((rows, 64),) * layers)
+
+
+def test_the_fused_network_checks_what_each_in_place_candidate_writes():
+    result = networks.time_network(networks.NETWORKS["llama-decode-fused"], peers=("numpy",),
+                                   threads=2, repeat=3, warmup=1)
+    assert set(result["ms"]) == {"normkernels", "bind", "numpy"}
+    assert result["layers"] == 65 and all(v > 0 for v in result["ms"].values())
+    assert result["max_relative_difference"]["bind"] == 0.0  # X and the residual
+    assert result["max_relative_difference"]["numpy"] < 1e-5
+
+
+def test_in_place_candidates_write_only_their_own_arrays(monkeypatch):
+    """bind's X and residual (seen by a spy on nk.bind) are its own: the plain call and
+    the peers, called again and again, leave them as the check left them, and bind's
+    next call is the fused add of exactly those."""
+    import normkernels as nk
+
+    seen, real = [], nk.bind
+    monkeypatch.setattr(nk, "bind", lambda f, *a, **k: seen.append(a) or real(f, *a, **k))
+    calls, _, checked = networks.layer_calls(_fused(), ("numpy",), 2)
+    assert checked["bind"] == 0.0 and checked["numpy"] < 1e-5
+    x, residual, weight = seen[0]
+    assert not np.shares_memory(x, seen[1][0]) and not np.shares_memory(residual, seen[1][1])
+    state = x.copy(), residual.copy()
+    y = calls["numpy"][0]().copy()
+    for _ in range(3):
+        calls["normkernels"][0]()
+        calls["normkernels"][1]()
+        calls["bind"][1]()
+        assert np.array_equal(calls["numpy"][0](), y)  # the peer's arrays: untouched
+    assert np.array_equal(x, state[0]) and np.array_equal(residual, state[1])
+    calls["bind"][0]()
+    nk.fused_add_rms_norm(*state, weight, epsilon=1e-5, rounding="once")
+    assert np.array_equal(x, state[0]) and np.array_equal(residual, state[1])
+
+
+def test_the_check_catches_candidates_sharing_in_place_arrays(monkeypatch):
+    """A planted bug: every candidate of a layer gets the same copies (bind then runs on
+    what the plain call wrote, the peer reads it)."""
+    private, shared = networks._private, {}
+
+    def one_copy(workload, X, params):
+        return shared.setdefault(id(X), private(workload, X, params))
+
+    monkeypatch.setattr(networks, "_private", one_copy)
+    _, _, checked = networks.layer_calls(_fused(), ("numpy",), 2)
+    assert checked["bind"] > 0.1 and checked["numpy"] > 0.1
+
+
+def test_fused_networks_command(tmp_path, capsys):
+    argv = ["bench", "--suite", "networks", "--network", "llama-decode-fused", "--repeat",
+            "2", "--peers", "numpy", "--json", str(tmp_path / "n.json")]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "vLLM's fused add + RMSNorm" in text and "differs" not in text
+    data = json.loads((tmp_path / "n.json").read_text())
+    assert data["results"][0]["max_relative_difference"]["bind"] == 0.0

@@ -11,6 +11,14 @@ NumPy formula. Channels-last networks give the ONNX peers an NCHW copy made outs
 the timing. Every candidate's Y of every layer is checked against normkernels' before
 timing.
 
+An in-place operator (vLLM's ``fused_add_rms_norm``: the ``-fused`` networks) is called
+as a serving loop calls it: each candidate has its own copies of every layer's written
+arrays (X and the residual, made once), the plain call and ``bind`` write theirs in
+place every pass, and the peers (torch's composite, onnxruntime's
+SkipSimplifiedLayerNormalization with io-binding, NumPy) read theirs and return Y. The
+check calls each candidate once from the same arrays and compares what it writes with
+normkernels' (see :func:`_in_place_check`).
+
 The layers are counted from the published architectures (a 224x224 image, sequence
 128, a 64x64 latent): see :data:`NETWORKS`.
 """
@@ -26,6 +34,7 @@ import numpy as np
 from normkernels.bench import peers as peer_module
 from normkernels.bench import workloads
 from normkernels.bench.report import progress
+from normkernels.operators import operator
 
 CANDIDATES = ("normkernels", "bind")
 PEERS = ("onnxruntime", "torch", "numpy")  # the peers a pass is timed beside
@@ -39,6 +48,11 @@ class Network:
     op: str  # the record of the operator table
     layout: str  # "NCX" or "NXC"
     shapes: tuple  # each layer's X in NCX order, in network order
+
+    @property
+    def in_place(self):
+        """Its operator writes its inputs (see :func:`_in_place_layer`)."""
+        return bool(operator(self.op).in_place)
 
     def workloads(self):
         return [workloads.custom_workload(self.op, "inference", s, "float32", self.layout)
@@ -117,6 +131,10 @@ NETWORKS = {n.name: n for n in (
             "NCX", _rows(65, (1, 4096))),
     Network("llama-prefill", "Llama-7B prefill of 512 (65 RMSNorm of (512, 4096))",
             "rmsnorm", "NCX", _rows(65, (512, 4096))),
+    Network("llama-decode-fused", "Llama-7B decode step, vLLM's fused add + RMSNorm (65 of "
+            "(1, 4096))", "fused-add-rmsnorm", "NCX", _rows(65, (1, 4096))),
+    Network("llama-prefill-fused", "Llama-7B prefill of 512, vLLM's fused add + RMSNorm (65 "
+            "of (512, 4096))", "fused-add-rmsnorm", "NCX", _rows(65, (512, 4096))),
     Network("vit-b16", "ViT-B/16 (25 LN of (1, 197, 768))", "layernorm", "NCX",
             _rows(25, (1, 197, 768))),
     Network("sd15-unet", "SD-1.5 UNet, 64x64 latent (61 GroupNorm, 32 groups)", "groupnorm",
@@ -127,41 +145,121 @@ NETWORKS = {n.name: n for n in (
 def layer_calls(network, peers, threads):
     """``(calls, skipped, checked)``: {candidate: [one call per layer]}, {peer: reason}
     for the peers that cannot run a layer, and the largest relative difference of each
-    candidate's Y from normkernels' over the layers."""
-    import normkernels as nk
-
+    candidate's Y from normkernels' over the layers (an in-place record's: of what it
+    writes, see :func:`_in_place_layer`)."""
+    layer = _in_place_layer if network.in_place else _layer
     calls = {name: [] for name in (*CANDIDATES, *peers)}
     skipped, checked = {}, {}
     for workload in network.workloads():
-        record = workload.operator
-        X, params = workloads.make_inputs(workload)
-        out = np.empty_like(X)
-        calls["normkernels"].append(workloads.normkernels_call(workload, X, params, out))
-        kwargs = record.kwargs("inference", workload.data_format,
-                               record.channel_count(X, workload.data_format))
-        function = getattr(nk, record.target("inference")[0])
-        calls["bind"].append(nk.bind(function, *record.arguments(X, params, "inference"),
-                                     out=out, **kwargs))
-        for name in peers:
-            if name in skipped:
-                continue
-            try:
-                if name == "onnxruntime":
-                    call = peer_module.onnxruntime_bound_peer(workload, X, params, threads)
-                else:
-                    call = peer_module.PEERS[name](workload, X, params, threads)
-            except peer_module.Unavailable as exc:
-                skipped[name] = str(exc)
-                continue
+        running = [name for name in peers if name not in skipped]
+        made, errors = layer(workload, running, threads, skipped)
+        for name, call in made.items():
             calls[name].append(call)
-        expected = calls["normkernels"][-1]().copy()  # bind writes the same out
-        for name, layer in calls.items():
-            if name not in skipped and name != "normkernels":
-                error = workloads.max_relative_error(layer[-1](), expected)
-                checked[name] = max(checked.get(name, 0.0), error)
+        for name, error in errors.items():
+            checked[name] = max(checked.get(name, 0.0), error)
     for name in skipped:
         del calls[name]
     return calls, skipped, checked
+
+
+def _peer_calls(workload, X, params, peers, threads, skipped):
+    """{peer: call} of one layer (onnxruntime with io-binding); a peer that cannot run
+    it goes into ``skipped`` with the reason."""
+    made = {}
+    for name in peers:
+        try:
+            if name == "onnxruntime":
+                made[name] = peer_module.onnxruntime_bound_peer(workload, X, params, threads)
+            else:
+                made[name] = peer_module.PEERS[name](workload, X, params, threads)
+        except peer_module.Unavailable as exc:
+            skipped[name] = str(exc)
+    return made
+
+
+def _bound_arguments(workload, X, params):
+    """``(function, args, kwargs)`` of the workload's inference call (no ``out``)."""
+    import normkernels as nk
+
+    record = workload.operator
+    kwargs = record.kwargs("inference", workload.data_format,
+                           record.channel_count(X, workload.data_format))
+    function = getattr(nk, record.target("inference")[0])
+    return function, record.arguments(X, params, "inference"), kwargs
+
+
+def _layer(workload, peers, threads, skipped):
+    """``({candidate: call}, {candidate: max relative difference of its Y from
+    normkernels'})`` of one layer: the plain call and ``bind`` share ``out``."""
+    import normkernels as nk
+
+    X, params = workloads.make_inputs(workload)
+    out = np.empty_like(X)
+    function, args, kwargs = _bound_arguments(workload, X, params)
+    made = {"normkernels": workloads.normkernels_call(workload, X, params, out),
+            "bind": nk.bind(function, *args, out=out, **kwargs),
+            **_peer_calls(workload, X, params, peers, threads, skipped)}
+    expected = made["normkernels"]().copy()  # bind writes the same out
+    return made, {name: workloads.max_relative_error(call(), expected)
+                  for name, call in made.items() if name != "normkernels"}
+
+
+def _private(workload, X, params):
+    """``(X, params, written)``: the layer's inputs with every array the in-place call
+    writes replaced by a copy of its own (made once), and those copies, Y first."""
+    record = workload.operator
+    written = record.written(record.arguments(X, params, "inference"), "inference")
+    copies = {id(a): a.copy() for a in written}
+    x, *rest = (copies.get(id(a), a) for a in (X, *params))
+    return x, tuple(rest), tuple(copies[id(a)] for a in written)
+
+
+def _in_place_layer(workload, peers, threads, skipped):
+    """:func:`_layer` for an in-place record (vLLM's ``fused_add_rms_norm``): every
+    candidate gets its own copies of the arrays the call writes (X and the residual),
+    the plain call and ``bind`` write theirs in place (no ``out``), the peers read
+    theirs (see :func:`_in_place_check`)."""
+    import normkernels as nk
+
+    X, params = workloads.make_inputs(workload)  # the originals: no candidate writes them
+    made, owned = {}, {}
+    for name in ("normkernels", "bind", *peers):
+        x, p, owned[name] = _private(workload, X, params)
+        if name in CANDIDATES:
+            function, args, kwargs = _bound_arguments(workload, x, p)
+            made[name] = (nk.bind(function, *args, **kwargs) if name == "bind"
+                          else _plain(function, args, kwargs))
+        else:
+            made.update(_peer_calls(workload, x, p, (name,), threads, skipped))
+    record = workload.operator
+    originals = record.written(record.arguments(X, params, "inference"), "inference")
+    return made, _in_place_check(made, owned, originals)
+
+
+def _in_place_check(made, owned, originals):
+    """{candidate: max relative difference from normkernels'} after one call of each
+    from the same arrays (every copy reset from ``originals`` first): ``bind``'s X and
+    residual against the plain call's, a peer's Y against its X (a peer does not write
+    the residual)."""
+    for copies in owned.values():
+        for copy, original in zip(copies, originals, strict=True):
+            copy[...] = original
+    # a copy: a candidate writing the plain call's arrays would change them too
+    expected = [a.copy() for a in _written(made["normkernels"], owned["normkernels"])]
+    return {name: max(workloads.max_relative_error(a, b)
+                      for a, b in zip(_written(call, owned[name]), expected, strict=False))
+            for name, call in made.items() if name != "normkernels"}
+
+
+def _plain(function, args, kwargs):
+    return lambda: function(*args, **kwargs)
+
+
+def _written(call, copies):
+    """What one call of a candidate writes: its copies (in place: the call returns
+    None), else the peer's Y."""
+    result = call()
+    return copies if result is None else (result,)
 
 
 def time_network(network, peers=PEERS, threads=2, repeat=20, warmup=2,
