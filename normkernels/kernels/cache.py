@@ -14,7 +14,9 @@ if they change, the registration is skipped and Numba's per-file stamp applies. 
 same goes for the reading of cache files, made tolerant of corrupt files below.
 """
 
+import contextlib
 import hashlib
+import itertools
 from pathlib import Path
 
 import normkernels.kernels.inlining  # noqa: F401  (faster inlining, before any compile)
@@ -73,6 +75,23 @@ _register()
 _warned = []
 
 
+@contextlib.contextmanager
+def _index_lock(index_path):
+    """An exclusive lock on a cache index, held across processes (``flock`` on a file
+    beside it; where there is no ``fcntl``, no lock: Numba's own behaviour)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(f"{index_path}.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _tolerate_unreadable_files():
     """A corrupt or truncated cache file of a normkernels kernel is a cache miss (the
     kernel recompiles and the file is rewritten), with one warning per process;
@@ -86,6 +105,7 @@ def _tolerate_unreadable_files():
     if getattr(IndexDataCacheFile, "_normkernels_tolerant", False):
         return
     load_index, load_data = IndexDataCacheFile._load_index, IndexDataCacheFile._load_data
+    numba_save = IndexDataCacheFile.save
 
     def ours(cache_file):
         index = getattr(cache_file, "_index_path", None)
@@ -117,8 +137,30 @@ def _tolerate_unreadable_files():
             warn(name, exc)
             raise OSError(f"unreadable cache data {name}") from exc  # Numba: a cache miss
 
+    def _save(self, key, data):
+        # Numba's save reads the index, picks the first free data-file number and writes
+        # the index back: two processes compiling kernels of one function at once (a
+        # parallel warm-up, pytest-xdist workers) each lose the other's entry, or give
+        # two signatures one data file, so that one of them later loads the other's
+        # code. Under an exclusive lock on the index, re-read it, write the data under
+        # its name, then the index that names it.
+        if not ours(self):
+            return numba_save(self, key, data)
+        with _index_lock(self._index_path):
+            overloads = self._load_index()
+            name = overloads.get(key)
+            if name is None:
+                taken = set(overloads.values())
+                name = next(n for n in map(self._data_name, itertools.count(1))
+                            if n not in taken)
+            self._save_data(name, data)
+            if overloads.get(key) != name:
+                overloads[key] = name
+                self._save_index(overloads)
+
     IndexDataCacheFile._load_index = _load_index
     IndexDataCacheFile._load_data = _load_data
+    IndexDataCacheFile.save = _save
     IndexDataCacheFile._normkernels_tolerant = True
 
 
