@@ -66,8 +66,10 @@ def calls(ops=None, dtypes=None, layouts=None):
         for op in (OPERATORS[n] for n in names):
             if dtype_name not in op.dtypes:
                 continue
-            for case in op.warmup:
+            for case in _cases(op):
                 if case.data_format not in layout_names and not op.rows:
+                    continue
+                if case.mode not in op.modes or case.data_format not in op.layouts:
                     continue
                 shape = case.ncx_shape
                 if case.per_thread:  # the fused kernels need two planes per thread
@@ -89,6 +91,21 @@ def calls(ops=None, dtypes=None, layouts=None):
     return found
 
 
+_SHARING = ("channel", "group")  # families whose records run one another's kernels
+
+
+def _cases(op):
+    """The warmup cases ``op`` runs: its own, and for a batch, instance or group
+    normalization (not per sample) those of every such record, which force the paths
+    of the kernels they share (a group normalization runs instance normalization's
+    split planes, which its own cases did not reach)."""
+    if op.family not in _SHARING or op.per_sample:
+        return op.warmup
+    return tuple(dict.fromkeys((*op.warmup, *(
+        case for other in OPERATORS.values()
+        if other.family in _SHARING and not other.per_sample for case in other.warmup))))
+
+
 def _run(op, mode, dtype, layout, ncx_shape, path=None):
     """One call on zeros (made now: the 8M-element inputs are not kept)."""
     X, params = _workload(np.random.default_rng(0), op, mode, dtype, layout, ncx_shape)
@@ -105,19 +122,85 @@ def _workload(rng, op, mode, dtype, layout, ncx_shape):
     return X, op.params(rng, C, dtype, X.shape, mode, X, axis)
 
 
-def warmup(ops=None, dtypes=None, layouts=None, *, progress=None):
+def warmup(ops=None, dtypes=None, layouts=None, *, progress=None, jobs=1):
     """Compile, or load from the disk cache, every kernel of the operators ``ops``
     (record names such as ``"layernorm"`` or function names such as
     ``"layer_normalization"``; None: all) in ``dtypes`` (names or dtypes; None: each
     operator's dtypes) and ``layouts`` ("NCX", "NXC"; None: both): afterwards no call
     of them compiles anything, at any size, for views, read-only or writeable inputs,
     with or without ``out=``. Returns ``[(label, seconds), ...]``, one per call run.
-    ``progress(i, n, label)`` is called before each."""
+    ``progress(i, n, label)`` is called before each.
+
+    ``jobs`` > 1 (None: the machine's cores) compiles in that many fresh processes into
+    the shared disk cache first, each taking whole (dtype, operator) groups, so that
+    two processes rarely compile one kernel; this process then loads every kernel from
+    the cache (milliseconds each). The labels' seconds are then the compiling
+    processes' times."""
+    import os
+
     todo = calls(ops, dtypes, layouts)
+    jobs = (os.cpu_count() or 1) if jobs is None else int(jobs)
+    if jobs < 1:
+        raise ValueError(f"normkernels.warmup: jobs must be at least 1, not {jobs}")
+    compiled = {}
+    if jobs > 1 and len(todo) > 1:
+        compiled = _compile_in_processes(ops, dtypes, layouts, todo, jobs, progress)
     done = []
     for i, (label, call) in enumerate(todo):
-        if progress is not None:
+        if progress is not None and not compiled:
             progress(i, len(todo), label)
+        t0 = time.perf_counter()
+        with np.errstate(all="ignore"):
+            call()
+        done.append((label, compiled.get(label, time.perf_counter() - t0)))
+    return done
+
+
+def _groups(todo):
+    """Indices of ``todo`` by (dtype, operator), in order: a group's calls share
+    kernels (one dtype, one family's loops), different groups few."""
+    groups = {}
+    for i, (label, _call) in enumerate(todo):
+        groups.setdefault(tuple(label.split()[:2]), []).append(i)
+    return list(groups.values())
+
+
+def _compile_in_processes(ops, dtypes, layouts, todo, jobs, progress):
+    """Run ``todo``'s groups in ``jobs`` fresh processes (spawned: a fork of a process
+    that ran GNU OpenMP must not launch parallel kernels); {label: seconds}."""
+    import concurrent.futures
+    import multiprocessing
+
+    import numba
+
+    context = multiprocessing.get_context("spawn")
+    threads = numba.get_num_threads()
+    groups = _groups(todo)
+    # the largest groups first, so that the last ones to finish are short
+    groups.sort(key=len, reverse=True)
+    seconds, finished = {}, 0
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        futures = [pool.submit(_run_group, ops, dtypes, layouts, group, threads)
+                   for group in groups]
+        for future in concurrent.futures.as_completed(futures):
+            for label, t in future.result():
+                seconds[label] = t
+                if progress is not None:
+                    progress(finished, len(todo), label)
+                finished += 1
+    return seconds
+
+
+def _run_group(ops, dtypes, layouts, indices, threads):
+    """In a compiling process: the calls ``indices`` of :func:`calls` (the same list:
+    it depends only on the arguments and the thread count, the parent's)."""
+    import numba
+
+    numba.set_num_threads(threads)
+    todo = calls(ops, dtypes, layouts)
+    done = []
+    for i in indices:
+        label, call = todo[i]
         t0 = time.perf_counter()
         with np.errstate(all="ignore"):
             call()

@@ -475,9 +475,8 @@ MUTATIONS = [
              ["tests/test_llm_rows.py", "-k", "llama_is_the_rounded"]),
     mutation("llama-scalar-round-once", "the row kernels' scalar heads and tails skip Llama's "
              "rounding", [
-                 (ROWS_K, '    if act.rounding == "llama":\n        return lambda y, act, value: '
-                  'round_to_storage(y, value)', '    if False:\n        return lambda y, act, '
-                  'value: round_to_storage(y, value)')],
+                 (ROWS_K, '    if act.rounding != "llama":\n        return value(y, act, value)',
+                  '    if True:\n        return value(y, act, value)')],
              ["tests/test_llm_rows.py", "-k", "llama_is_the_rounded"]),
     mutation("gemma-offset-ignored", "offset= is not added to the weight", [
                  (COMMON, "    if offset == 0:\n        return scale",
@@ -723,8 +722,9 @@ MUTATIONS = [
                  (VECTORS, "            yv = builder.fadd(yv, rv if widen is None else "
                   "widen(builder, rv, lanes))\n", "")], ORT_GN),
     mutation("scalar-residual-dropped/epilogues", "the scalar loops leave out add=", [
-                 (ACTIVATIONS, "    return lambda res, i, value: value + load(res, i)",
-                  "    return lambda res, i, value: value")], ORT_GN),
+                 (ACTIVATIONS, "    if isinstance(res, types.NoneType):\n        return value(res, "
+                  "i, value), lambda", "    if True:\n        return value(res, i, value), "
+                  "lambda")], ORT_GN),
     mutation("channels-last-inverted/ort-groupnorm", "channels_last=1 read as channels "
              "first", [(ORT_GN_SPEC, 'return eps, ACTIVATIONS[silu], "NXC" if last else "NCX"',
                         'return eps, ACTIVATIONS[silu], "NCX" if last else "NXC"')], ORT_GN),
@@ -1004,6 +1004,16 @@ MUTATIONS = [
                   "centered)",
                   "        mean[row], var[row] = row_statistics(x, 0, K, centered)")],
              ["tests/test_paths.py", "-k", "table-free"]),
+    mutation("cache/save-unlocked", "a cache entry is saved without the lock on its index "
+             "(concurrent processes lose entries or share data files)", [
+                 (CACHE, "        if not ours(self):\n            return numba_save(self, key, "
+                  "data)", "        if True:\n            return numba_save(self, key, data)")],
+             ["tests/test_compile_cost.py", "-k", "concurrent"]),
+    mutation("cache/load-refreshes", "a load from the disk cache refreshes the target context "
+             "(every registry imported: a third of a warm first call)", [
+                 (CACHE, "        rtsys.initialize(target_context)\n",
+                  "        target_context.refresh()\n")],
+             ["tests/test_compile_cost.py", "-k", "cached_load"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "

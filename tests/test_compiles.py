@@ -214,7 +214,7 @@ compiled = []
 # shapes the warmup does not use, at every scale the size policy tells apart
 shapes = ([(1, 5), (3, 1000), (7, 33), (8192, 1024), (1, 200000)] if op.rows else
           [(1, 3, 1, 1), (3, 5, 7, 9), (2, 7, 301), (1, 64, 56, 56), (16, 64, 112, 112),
-           (1, 1, 5000, 3)])
+           (1, 1, 5000, 3), (128, 32, 6, 6)])
 for mode in op.modes:
     for layout in layouts:
         if layout not in op.layouts:

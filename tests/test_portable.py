@@ -114,7 +114,9 @@ def test_a_kernel_cache_made_for_one_cpu_does_not_crash_another(runs, tmp_path, 
     cache = tmp_path / "cache"
     shutil.copytree(made, cache)
     before = {p.name for p in cache.rglob("*.nbc")}
-    proc = _run(tmp_path / "out.npz", cache, used_by, only=("layernorm", "batchnorm"))
+    # one family is enough to show the other CPU's kernels are not loaded (the rows'
+    # bits on each target are the runs' own test): it compiles for about a minute
+    proc = _run(tmp_path / "out.npz", cache, used_by, only=("batchnorm",))
     output, _ = proc.communicate(timeout=1500)
     runs = dict(runs, quick=(proc.returncode, output, tmp_path / "out.npz"))
     quick, host = _load(runs, "quick"), _load(runs, "host")

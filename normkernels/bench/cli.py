@@ -196,6 +196,10 @@ def cmd_coldstart(args):
     from normkernels.bench import model_timing
 
     shape = tuple(int(v) for v in args.shape.split(","))
+    if args.profile:
+        from normkernels.bench import compile_profile
+
+        return compile_profile.command(args.profile, shape, args.dtype, args.limit, args.json)
     families = None
     if args.ops:
         wanted = set(args.ops.split(","))
@@ -322,7 +326,7 @@ def cmd_warmup(args):
     start = time.perf_counter()
     try:
         done = normkernels.warmup(split(args.ops), split(args.dtypes), split(args.layouts),
-                                  progress=progress)
+                                  progress=progress, jobs=args.jobs)
     except ValueError as exc:
         print(f"normkernels warmup: {exc}", file=sys.stderr)
         return 2
@@ -406,6 +410,10 @@ def main(argv=None):
     cold.add_argument("--dtype", default="float32")
     cold.add_argument("--repeat", type=int, default=3)
     cold.add_argument("--json", help="also write the results to this JSON file")
+    cold.add_argument("--profile", metavar="OP", help="instead: the first call of these "
+                      "operators (comma-separated; a name, or a row such as 'layernorm "
+                      "backward') with each compiled function's time by Numba's stage")
+    cold.add_argument("--limit", type=int, default=25, help="--profile: functions listed")
     cold.set_defaults(func=cmd_coldstart)
     sub.add_parser("info", help="versions, threads, cache").set_defaults(func=cmd_info)
     warm = sub.add_parser("warmup", help="compile every kernel now (or the kernels of some "
@@ -414,6 +422,8 @@ def main(argv=None):
                       + " (or their function names; default: all)")
     warm.add_argument("--dtypes", help="float16,bfloat16,float32,float64 (default: all)")
     warm.add_argument("--layouts", help="NCX,NXC (default: both)")
+    warm.add_argument("--jobs", type=int, default=None, help="compile in this many "
+                      "processes into the shared disk cache (default: the machine's cores)")
     warm.set_defaults(func=cmd_warmup)
     args = parser.parse_args(argv)
     if args.command == "bench":

@@ -315,24 +315,31 @@ def epilogue_ok(y, res, act):
                                                and res.dtype == y.dtype)
 
 
-def with_residual(res, i, value):
-    """``value + res[i]`` (``res[i]`` widened to value's dtype), or ``value`` when
-    ``res`` is None; ``@njit`` only."""
-    raise NotImplementedError("with_residual is only callable from @njit code")
-
-
 def residual_slice(res, lo, hi):
     """``res[lo:hi]``, or None when ``res`` is None; ``@njit`` only."""
     raise NotImplementedError("residual_slice is only callable from @njit code")
 
 
-@overload(with_residual, inline="always")
-def _with_residual(res, i, value):
+@intrinsic
+def with_residual(typingctx, res, i, value):
+    """``value + res[i]`` (``res[i]`` loaded in its compute dtype, the sum in the wider
+    of the two, as Numba types ``value + load(res, i)``), or ``value`` when ``res`` is
+    None. An intrinsic: an ``@overload`` compiled a pipeline for each signature."""
     if isinstance(res, types.NoneType):
-        return lambda res, i, value: value
-    from normkernels.kernels.elements import load
+        return value(res, i, value), lambda context, builder, sig, args: args[2]
+    from normkernels.kernels.elements import load_codegen, load_type
 
-    return lambda res, i, value: value + load(res, i)
+    loaded = load_type(res, i)
+    if loaded is None or not isinstance(value, types.Float):
+        return None
+    total = types.float64 if types.float64 in (loaded, value) else types.float32
+
+    def codegen(context, builder, sig, args):
+        element = load_codegen(context, builder, res, i, args[:2])
+        return builder.fadd(context.cast(builder, args[2], value, total),
+                            context.cast(builder, element, loaded, total))
+
+    return total(res, i, value), codegen
 
 
 @overload(residual_slice, inline="always")

@@ -23,6 +23,7 @@ import normkernels.kernels.inlining  # noqa: F401  (faster inlining, before any 
 
 _KERNEL_DIR = Path(__file__).resolve().parent
 _CACHE_DIRS = set()  # where the locators below put this package's kernels
+_WRITABLE = set()  # cache directories found writable in this process
 
 
 
@@ -62,6 +63,15 @@ def _register():
 
             def get_source_stamp(self):
                 return stamp
+
+            def ensure_cache_path(self):
+                # Numba checks that the directory is writable by creating a file in
+                # it, for every kernel at its definition (200 of them at import):
+                # once per directory and process is enough
+                path = self.get_cache_path()
+                if path not in _WRITABLE:
+                    super().ensure_cache_path()
+                    _WRITABLE.add(path)
 
         PackageStampedLocator.__name__ = "PackageStamped" + base.__name__
         ours.append(PackageStampedLocator)
@@ -165,6 +175,37 @@ def _tolerate_unreadable_files():
 
 
 _tolerate_unreadable_files()
+
+
+def _load_without_refresh():
+    """A normkernels kernel loads from the disk cache without ``refresh()`` of the
+    target context. Numba refreshes it before every cache lookup: that imports and
+    installs every typing and lowering registry (0.1-0.2 s, a third of a process's
+    first call with a warm cache), which a compile needs and a load does not; a load
+    needs only Numba's runtime (NRT) started, and a later compile refreshes the
+    context itself."""
+    try:
+        from numba.core.caching import Cache
+        from numba.core.runtime import rtsys
+    except ImportError:  # pragma: no cover
+        return
+    if getattr(Cache, "_normkernels_light_load", False):
+        return
+    numba_load = Cache.load_overload
+
+    def load_overload(self, sig, target_context):
+        impl = getattr(self, "_impl", None)
+        if not type(getattr(impl, "locator", None)).__name__.startswith("PackageStamped"):
+            return numba_load(self, sig, target_context)
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    Cache.load_overload = load_overload
+    Cache._normkernels_light_load = True
+
+
+_load_without_refresh()
 
 
 def serial_twin(dispatcher, **options):

@@ -38,10 +38,11 @@ process. Every path gives the same bits on every target:
   sends subnormal lanes here.
 """
 
-import numpy as np
+import operator
+
 from llvmlite import ir
 from numba import types
-from numba.core.extending import intrinsic, overload
+from numba.core.extending import intrinsic
 
 from normkernels.kernels.target import jit_target
 
@@ -177,117 +178,181 @@ bf16_to_f32 = _scalar_conversion(types.int16, types.float32, widen_bf16)
 f32_to_bf16 = _scalar_conversion(types.float32, types.int16, narrow_bf16)
 
 
-def load(arr, i):
-    """Element ``i`` of a storage array, in the compute dtype (pure-Python stub)."""
-    raise NotImplementedError("load is only callable from @njit code")
+# The element helpers are intrinsics: Numba types an intrinsic with a Python call and
+# emits its IR into the caller, where an ``@overload`` (inlined or not) ran a whole
+# compile pipeline, LLVM included, for every signature it met (0.05-0.15 s each, a
+# fifth of a first call). The element access is Numba's own getitem/setitem lowering,
+# so the caller's IR, and its bits and speed, are what ``arr[i]`` gave.
 
 
-def store(arr, i, value):
-    """Write compute-dtype ``value`` into element ``i`` of a storage array (stub)."""
-    raise NotImplementedError("store is only callable from @njit code")
+def _storage_array(arr):
+    return (isinstance(arr, types.Array) and arr.ndim == 1
+            and arr.dtype in (types.uint16, types.int16, types.float32, types.float64))
 
 
-@overload(load, inline="always")
-def _load_impl(arr, i):
-    dtype = arr.dtype
-    if dtype == types.uint16:
-        return lambda arr, i: f16_to_f32(arr[i])
-    if dtype == types.int16:
-        return lambda arr, i: bf16_to_f32(arr[i])
-    if dtype in (types.float32, types.float64):
-        return lambda arr, i: arr[i]
-    return None
+def _get(context, builder, arrty, idxty, arr, i):
+    """``arr[i]`` as Numba lowers it."""
+    getitem = context.get_function(operator.getitem, arrty.dtype(arrty, idxty))
+    return getitem(builder, (arr, i))
 
 
-@overload(store, inline="always")
-def _store_impl(arr, i, value):
-    dtype = arr.dtype
-    if dtype == types.uint16:
-
-        def impl(arr, i, value):
-            arr[i] = f32_to_f16(value)
-
-        return impl
-    if dtype == types.int16:
-
-        def impl(arr, i, value):
-            arr[i] = f32_to_bf16(value)
-
-        return impl
-    if dtype in (types.float32, types.float64):
-
-        def impl(arr, i, value):
-            arr[i] = value
-
-        return impl
-    return None
+def _widen(context, builder, arrty, value):
+    """A storage element in its compute dtype (16-bit -> float32, floats kept)."""
+    if arrty.dtype == types.uint16:
+        return widen_f16(builder, value)
+    if arrty.dtype == types.int16:
+        return widen_bf16(builder, value)
+    return value
 
 
-def compute_empty(arr, n):
-    """A new array of ``n`` elements in the compute dtype of storage array ``arr``
-    (float64 for float64 storage, else float32); callable from ``@njit`` code only."""
-    raise NotImplementedError("compute_empty is only callable from @njit code")
+def _compute(arrty):
+    return types.float64 if arrty.dtype == types.float64 else types.float32
 
 
-@overload(compute_empty, inline="always")
-def _compute_empty_impl(arr, n):
-    if arr.dtype == types.float64:
-        return lambda arr, n: np.empty(n, np.float64)
-    return lambda arr, n: np.empty(n, np.float32)
+def load_type(arr, i):
+    """The type :func:`load` gives for these argument types (None: not a load)."""
+    if not (_storage_array(arr) and isinstance(i, types.Integer)):
+        return None
+    return _compute(arr)
 
 
-def item_bytes(arr):
+def load_codegen(context, builder, arrty, idxty, args):
+    """The IR of :func:`load` (for intrinsics built on it)."""
+    return _widen(context, builder, arrty, _get(context, builder, arrty, idxty, *args))
+
+
+@intrinsic
+def load(typingctx, arr, i):
+    """Element ``i`` of a storage array, in the compute dtype."""
+    compute = load_type(arr, i)
+    if compute is None:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return load_codegen(context, builder, arr, i, args)
+
+    return compute(arr, i), codegen
+
+
+@intrinsic
+def store(typingctx, arr, i, value):
+    """Write compute-dtype ``value`` into element ``i`` of a storage array (16-bit:
+    rounded to nearest even; float storage: Numba's cast, as ``arr[i] = value``)."""
+    if not (_storage_array(arr) and isinstance(i, types.Integer)):
+        return None
+    narrow = {types.uint16: narrow_f16, types.int16: narrow_bf16}.get(arr.dtype)
+    if narrow is not None and value != types.float32:
+        return None
+    if narrow is None and not isinstance(value, (types.Float, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        target, index, v = args
+        # as Numba types ``arr[i] = v``: v cast to the array's dtype, then stored
+        v = context.cast(builder, v, value, arr.dtype) if narrow is None else narrow(builder, v)
+        setitem = context.get_function(operator.setitem, types.none(arr, i, arr.dtype))
+        setitem(builder, (target, index, v))
+        return context.get_dummy_value()
+
+    return types.none(arr, i, value), codegen
+
+
+@intrinsic
+def item_bytes(typingctx, arr):
     """``arr.itemsize`` as a compile-time constant (``arr.itemsize`` is read at run
-    time, and dividing by it is an integer division on every use); callable from
-    ``@njit`` code only."""
-    raise NotImplementedError("item_bytes is only callable from @njit code")
-
-
-@overload(item_bytes, inline="always")
-def _item_bytes_impl(arr):
+    time, and dividing by it is an integer division on every use)."""
+    if not isinstance(arr, types.Array):
+        return None
     size = arr.dtype.bitwidth // 8
-    return lambda arr: size
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(types.intp, size)
+
+    return types.intp(arr), codegen
 
 
-def row_compute_empty(arr, n):
+def _empty(typingctx, arr, n, dtype):
+    """``np.empty(n, dtype)`` (Numba's allocation, as ``np.empty`` lowers it: without
+    compiling ``np.empty``'s overload and its helpers for each new signature)."""
+    if not (isinstance(arr, types.Array) and isinstance(n, types.Integer)):
+        return None
+    result = types.Array(dtype, 1, "C")
+
+    def codegen(context, builder, sig, args):
+        from numba.np.arrayobj import _empty_nd_impl  # at compile time, not at import
+
+        size = context.cast(builder, args[1], n, types.intp)
+        return _empty_nd_impl(context, builder, result, [size])._getvalue()
+
+    return result(arr, n), codegen
+
+
+@intrinsic
+def compute_empty(typingctx, arr, n):
+    """A new array of ``n`` elements in the compute dtype of storage array ``arr``
+    (float64 for float64 storage, else float32)."""
+    return _empty(typingctx, arr, n, types.float64 if getattr(arr, "dtype", None) ==
+                  types.float64 else types.float32)
+
+
+@intrinsic
+def row_compute_empty(typingctx, arr, n):
     """A new array of ``n`` elements in the row kernels' compute dtype for storage
     array ``arr``: float32 for 16-bit storage, float64 otherwise (float32 rows are
-    normalized in float64: Y is then rounded once); ``@njit`` code only."""
-    raise NotImplementedError("row_compute_empty is only callable from @njit code")
+    normalized in float64: Y is then rounded once)."""
+    bits = getattr(getattr(arr, "dtype", None), "bitwidth", 0)
+    return _empty(typingctx, arr, n, types.float32 if bits == 16 else types.float64)
 
 
-@overload(row_compute_empty, inline="always")
-def _row_compute_empty_impl(arr, n):
-    if arr.dtype.bitwidth == 16:
-        return lambda arr, n: np.empty(n, np.float32)
-    return lambda arr, n: np.empty(n, np.float64)
-
-
-def row_load(arr, i):
+@intrinsic
+def row_load(typingctx, arr, i):
     """Element ``i`` widened to the row kernels' compute dtype (see
-    :func:`row_compute_empty`); ``@njit`` code only."""
-    raise NotImplementedError("row_load is only callable from @njit code")
+    :func:`row_compute_empty`)."""
+    if not (_storage_array(arr) and isinstance(i, types.Integer)):
+        return None
+    compute = types.float32 if arr.dtype.bitwidth == 16 else types.float64
+
+    def codegen(context, builder, sig, args):
+        value = _widen(context, builder, arr, _get(context, builder, arr, i, *args))
+        return context.cast(builder, value, _compute(arr), compute)
+
+    return compute(arr, i), codegen
 
 
-@overload(row_load, inline="always")
-def _row_load_impl(arr, i):
-    if arr.dtype.bitwidth == 16:
-        return lambda arr, i: load(arr, i)
-    return lambda arr, i: np.float64(arr[i])
-
-
-def round_to_storage(arr, value):
-    """Row-compute-dtype ``value`` rounded to the dtype storage array ``arr`` holds
-    (to nearest even), returned in the row compute dtype; ``@njit`` code only."""
-    raise NotImplementedError("round_to_storage is only callable from @njit code")
-
-
-@overload(round_to_storage, inline="always")
-def _round_to_storage_impl(arr, value):
-    if arr.dtype == types.uint16:
-        return lambda arr, value: f16_to_f32(f32_to_f16(value))
-    if arr.dtype == types.int16:
-        return lambda arr, value: bf16_to_f32(f32_to_bf16(value))
+def rounding(arr, value):
+    """``(type, build)`` of rounding ``value`` (the row compute dtype) to ``arr``'s
+    storage dtype and back, ``build(context, builder, v)`` giving its IR; None when
+    the types do not fit (16-bit storage takes a float32 value)."""
+    if not isinstance(arr, types.Array):
+        return None
+    if arr.dtype in (types.uint16, types.int16):
+        if value != types.float32:
+            return None
+        narrow, widen = ((narrow_f16, widen_f16) if arr.dtype == types.uint16
+                         else (narrow_bf16, widen_bf16))
+        return types.float32, lambda context, builder, v: widen(builder, narrow(builder, v))
+    if not isinstance(value, types.Float):
+        return None
     if arr.dtype == types.float32:
-        return lambda arr, value: np.float64(np.float32(value))
-    return lambda arr, value: value
+
+        def build(context, builder, v):
+            rounded = context.cast(builder, v, value, types.float32)
+            return context.cast(builder, rounded, types.float32, types.float64)
+
+        return types.float64, build
+    return value, lambda context, builder, v: v
+
+
+@intrinsic
+def round_to_storage(typingctx, arr, value):
+    """Row-compute-dtype ``value`` rounded to the dtype storage array ``arr`` holds
+    (to nearest even), returned in the row compute dtype."""
+    found = rounding(arr, value)
+    if found is None:
+        return None
+    result, build = found
+
+    def codegen(context, builder, sig, args):
+        return build(context, builder, args[1])
+
+    return result(arr, value), codegen

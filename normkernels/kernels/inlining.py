@@ -75,6 +75,37 @@ def _install():
     inline_ir.__doc__ = original.__doc__
     worker.inline_ir = inline_ir
 
+    inline_function = getattr(worker, "inline_function", None)
+    if inline_function is not None and hasattr(worker, "run_untyped_passes"):
+        worker.inline_function = _memo_untyped(inline_function)
+
+
+_UNTYPED = {}  # (function, the flags' values) -> its untyped IR
+
+
+def _memo_untyped(original):
+    """``InlineWorker.inline_function`` for this package's helpers: the callee's
+    untyped IR (bytecode analysis and the untyped pipeline, its own inlining of its
+    helpers included) built once per process and flags, not at every call site;
+    ``inline_ir`` copies it before changing anything."""
+
+    def inline_function(self, caller_ir, block, i, function, arg_typs=None):
+        module = getattr(function, "__module__", "") or ""
+        if module.split(".")[0] != _PACKAGE:
+            return original(self, caller_ir, block, i, function, arg_typs=arg_typs)
+        key = (function, str(self.flags))
+        callee_ir = _UNTYPED.get(key)
+        if callee_ir is None:
+            callee_ir = _UNTYPED[key] = self.run_untyped_passes(function)
+        else:
+            self.flags.enable_ssa = False  # as run_untyped_passes leaves the flags
+        return self.inline_ir(caller_ir, block, i, callee_ir, function.__code__.co_freevars,
+                              arg_typs=arg_typs)
+
+    inline_function._normkernels = True
+    inline_function.__wrapped__ = original
+    return inline_function
+
 
 def _reset_labels():
     """Numba's global IR label counter (``ir_utils._the_max_label``) about doubles at

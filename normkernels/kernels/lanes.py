@@ -27,10 +27,12 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.extending import intrinsic, models, overload, register_model
+from numba.core.extending import intrinsic, models, register_model
+from numba.core.imputils import lower_builtin
+from numba.core.typing.templates import AbstractTemplate, infer_global, signature
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
-from normkernels.kernels.elements import load
+from normkernels.kernels.elements import load, load_codegen, load_type
 from normkernels.kernels.options import INLINE_OPTIONS
 from normkernels.kernels.vectors import storage_codec
 
@@ -136,44 +138,25 @@ def deviations(typingctx, x, index, shift):
     return lanes(x, index, shift), codegen
 
 
-def _binary(op):
-    @intrinsic
-    def apply(typingctx, a, b):
-        if not (isinstance(a, Lanes) and a == b):
+def _lanes_operator(op, instruction):
+    """``a op b`` lane by lane for two :class:`Lanes` of one type: a typing template
+    and a lowering (an ``@overload`` compiled a pipeline per signature for it)."""
+
+    @infer_global(op)
+    class _Typer(AbstractTemplate):
+        def generic(self, args, kws):
+            if len(args) == 2 and not kws and isinstance(args[0], Lanes) and args[0] == args[1]:
+                return signature(args[0], *args)
             return None
 
-        def codegen(context, builder, sig, args):
-            return getattr(builder, op)(args[0], args[1])
-
-        return a(a, b), codegen
-
-    return apply
+    @lower_builtin(op, Lanes, Lanes)
+    def _lower(context, builder, sig, args):
+        return getattr(builder, instruction)(args[0], args[1])
 
 
-_fadd = _binary("fadd")
-_fsub = _binary("fsub")
-_fmul = _binary("fmul")
-
-
-@overload(operator.add, inline="always")
-def _add(a, b):
-    if isinstance(a, Lanes) and a == b:
-        return lambda a, b: _fadd(a, b)
-    return None
-
-
-@overload(operator.sub, inline="always")
-def _sub(a, b):
-    if isinstance(a, Lanes) and a == b:
-        return lambda a, b: _fsub(a, b)
-    return None
-
-
-@overload(operator.mul, inline="always")
-def _mul(a, b):
-    if isinstance(a, Lanes) and a == b:
-        return lambda a, b: _fmul(a, b)
-    return None
+_lanes_operator(operator.add, "fadd")
+_lanes_operator(operator.sub, "fsub")
+_lanes_operator(operator.mul, "fmul")
 
 
 @intrinsic
@@ -249,31 +232,36 @@ def lane_sum(typingctx, a):
     return a.dtype(a), codegen
 
 
-def lane_count(like):
-    """The number of lanes of :class:`Lanes` of ``like``'s dtype (``@njit`` only)."""
-    raise NotImplementedError("lane_count is only callable from @njit code")
-
-
-@overload(lane_count, inline="always")
-def _lane_count(like):
+@intrinsic
+def lane_count(typingctx, like):
+    """The number of lanes of :class:`Lanes` of ``like``'s dtype, a constant."""
     if _compute(like) is None:
         return None
     count = Lanes(like).count
-    return lambda like: count
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(types.intp, count)
+
+    return types.intp(like), codegen
 
 
-def widened(x, i, like):
-    """Element ``i`` of ``x`` in ``like``'s dtype (``@njit`` only)."""
-    raise NotImplementedError("widened is only callable from @njit code")
+@intrinsic
+def widened(typingctx, x, i, like):
+    """Element ``i`` of ``x`` in ``like``'s dtype: :func:`load`, then widened to
+    float64 where asked (float64 ``x`` only in float64)."""
+    if like == types.float32 and x.dtype == types.float64:
+        return None
+    if like not in (types.float32, types.float64):
+        return None
+    loaded = load_type(x, i)
+    if loaded is None:
+        return None
 
+    def codegen(context, builder, sig, args):
+        return context.cast(builder, load_codegen(context, builder, x, i, args[:2]),
+                            loaded, like)
 
-@overload(widened, inline="always")
-def _widened_scalar(x, i, like):
-    if like == types.float64:
-        return lambda x, i, like: np.float64(load(x, i))
-    if like == types.float32 and x.dtype != types.float64:
-        return lambda x, i, like: np.float32(load(x, i))
-    return None
+    return like(x, i, like), codegen
 
 
 @njit(**INLINE_OPTIONS)

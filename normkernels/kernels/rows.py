@@ -42,14 +42,14 @@ import math
 
 import numpy as np
 from numba import njit, prange, types
-from numba.core.extending import overload
+from numba.core.extending import intrinsic, overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.activations import activate, with_residual
 from normkernels.kernels.elements import (
     item_bytes,
     load,
-    round_to_storage,
+    rounding,
     row_compute_empty,
     row_load,
     store,
@@ -233,17 +233,18 @@ def _activated_impl(y, act, value):
     return lambda y, act, value: activate(act, value)
 
 
-def _normalized(y, act, value):
+@intrinsic
+def _normalized(typingctx, y, act, value):
     """The normalized ``value`` as the scale multiplies it: rounded to y's storage
-    dtype first under ``act``'s "llama" rounding, else itself; ``@njit`` only."""
-    raise NotImplementedError("_normalized is only callable from @njit code")
-
-
-@overload(_normalized, inline="always")
-def _normalized_impl(y, act, value):
-    if act.rounding == "llama":
-        return lambda y, act, value: round_to_storage(y, value)
-    return lambda y, act, value: value
+    dtype first under ``act``'s "llama" rounding, else itself."""
+    if act.rounding != "llama":
+        return value(y, act, value), lambda context, builder, sig, args: args[2]
+    found = rounding(y, value)
+    if found is None:
+        return None
+    result, build = found
+    return result(y, act, value), lambda context, builder, sig, args: build(context, builder,
+                                                                            args[2])
 
 
 @njit(**_INLINE)
