@@ -7,11 +7,17 @@ import numpy as np
 
 from normkernels.dtypes import compute_dtype, storage_alias
 from normkernels.engine import policy
+from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_launch import flat_rows, in_place_add, nothing, table_free
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import fused_add, inference, instance, rows
 from normkernels.kernels.activations import NONE, marker
+
+# kernel modules: imported at first use (engine/lazy.py)
+fused_add = lazy(__name__, "fused_add")
+inference = lazy(__name__, "inference")
+instance = lazy(__name__, "instance")
+rows = lazy(__name__, "rows")
 
 
 class BoundCalls:

@@ -19,6 +19,7 @@ from normkernels.dtypes import (
     storage_view,
 )
 from normkernels.engine import Engine, policy
+from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import BoundCalls
 from normkernels.engine.numba_gated import GatedLoops
 from normkernels.engine.numba_gradients import EpilogueGradientLoops
@@ -39,14 +40,21 @@ from normkernels.engine.numba_launch import (
 from normkernels.engine.numba_quantized import QuantizedLoops
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import backward_dx, backward_sums, fused_add, inference, instance, rows
-from normkernels.kernels import lp as lp_kernels
-from normkernels.kernels import lrn as lrn_kernels
-from normkernels.kernels import rows_split as split
-from normkernels.kernels import skip_sums as skip_kernels
-from normkernels.kernels import statistics as reductions
 from normkernels.kernels.activations import NONE, marker
 from normkernels.kernels.options import MIN_PLANE, VECTOR_BYTES
+
+# kernel modules: imported at first use (engine/lazy.py)
+backward_dx = lazy(__name__, "backward_dx")
+backward_sums = lazy(__name__, "backward_sums")
+fused_add = lazy(__name__, "fused_add")
+inference = lazy(__name__, "inference")
+instance = lazy(__name__, "instance")
+rows = lazy(__name__, "rows")
+lp_kernels = lazy(__name__, "lp_kernels", "lp")
+lrn_kernels = lazy(__name__, "lrn_kernels", "lrn")
+split = lazy(__name__, "split", "rows_split")
+skip_kernels = lazy(__name__, "skip_kernels", "skip_sums")
+reductions = lazy(__name__, "reductions", "statistics")
 
 
 def _views(x, y):

@@ -13,11 +13,14 @@ import numpy as np
 
 from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
 from normkernels.engine import policy
+from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_launch import flat_rows, kernel_for
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import gated as gated_kernels
-from normkernels.kernels import qk_norm as qk_kernels
+
+# kernel modules: imported at first use (engine/lazy.py)
+gated_kernels = lazy(__name__, "gated_kernels", "gated")
+qk_kernels = lazy(__name__, "qk_kernels", "qk_norm")
 
 
 def launch(route, parallel, serial, arr, path, *args):

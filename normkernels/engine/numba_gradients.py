@@ -8,10 +8,13 @@ the streaming path runs the parallel kernel)."""
 import numpy as np
 
 from normkernels.dtypes import storage_view
+from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_gated import launch
-from normkernels.kernels import activation_grad
-from normkernels.kernels import skip_sums as skip_kernels
 from normkernels.kernels.activations import marker
+
+# kernel modules: imported at first use (engine/lazy.py)
+activation_grad = lazy(__name__, "activation_grad")
+skip_kernels = lazy(__name__, "skip_kernels", "skip_sums")
 
 
 class EpilogueGradientLoops:

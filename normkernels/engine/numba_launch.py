@@ -12,13 +12,17 @@ import numpy as np
 
 from normkernels.dtypes import row_compute_dtype, storage_view
 from normkernels.engine import policy
+from normkernels.engine.lazy import lazy
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
-from normkernels.kernels import inference, instance
-from normkernels.kernels import scale_shift as loops
-from normkernels.kernels import statistics as reductions
 from normkernels.kernels.activations import NONE, marker
 from normkernels.kernels.options import MIN_PLANE
+
+# kernel modules: imported at first use (engine/lazy.py)
+inference = lazy(__name__, "inference")
+instance = lazy(__name__, "instance")
+loops = lazy(__name__, "loops", "scale_shift")
+reductions = lazy(__name__, "reductions", "statistics")
 
 
 def parameter_tables(C, S, mean, a, b):

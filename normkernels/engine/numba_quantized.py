@@ -8,10 +8,13 @@ import numpy as np
 
 from normkernels.dtypes import STORAGE_DTYPE, compute_dtype, storage_view
 from normkernels.engine import policy
+from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_gated import launch
 from normkernels.engine.numba_launch import TABLE_FREE_ROWS, flat_rows, nothing
 from normkernels.engine.policy import took
-from normkernels.kernels import quantize
+
+# kernel modules: imported at first use (engine/lazy.py)
+quantize = lazy(__name__, "quantize")
 
 _NO_STATISTICS = np.empty(0)
 
