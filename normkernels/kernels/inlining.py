@@ -30,14 +30,22 @@ class _SharedScopeCopy:
     def __init__(self, block_type):
         self._block_type = block_type
         self._memos = {}
+        self._made = set()  # ids of the scopes of the copies made (alive in the memos)
 
     def deepcopy(self, value, memo=None):
         if memo is None and isinstance(value, self._block_type):
             scope = value.scope
+            if id(scope) in self._made:
+                # ``inline_ir`` copies its copy again, "an unmutated copy of the callee
+                # to return", which both of Numba's callers (InlineInlinables and
+                # InlineOverloads) drop: it is returned uncopied (half the copying)
+                return value
             entry = self._memos.get(id(scope))
             if entry is None:
                 entry = self._memos[id(scope)] = (scope, {})
-            return copy.deepcopy(value, entry[1])
+            block = copy.deepcopy(value, entry[1])
+            self._made.add(id(block.scope))
+            return block
         return copy.deepcopy(value, memo)
 
     def __getattr__(self, name):
