@@ -23,7 +23,8 @@ LAYOUTS = ("NCX", "NXC")
 # NCX shapes of the generic calls: the sizes the size policy tells apart; to them
 # every record adds the shapes of all records' warmup cases of its kind (operators
 # share kernels: oneDNN's training runs batch normalization's)
-CHANNEL_SHAPES = ((2, 3, 4, 4), (4, 32, 28, 28), (8, 64, 128, 128))
+# (and many short planes: split statistics, per-row partials and gradient sums)
+CHANNEL_SHAPES = ((2, 3, 4, 4), (4, 32, 28, 28), (8, 64, 128, 128), (128, 32, 6, 6))
 ROW_SHAPES = ((4, 768), (512, 768), (2048, 4096), (1, 70001))
 
 
