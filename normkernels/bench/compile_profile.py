@@ -1,7 +1,7 @@
 """Where a first call's compile time goes: ``normkernels coldstart --profile OP``.
 
-Numba broadcasts an event when a dispatcher compiles (``numba:compile``, a cache load
-included), when a pipeline pass runs (``numba:run_pass``, with the qualified name of
+Numba broadcasts an event when a dispatcher compiles (``numba:compile``; a load from
+the disk cache is none), when a pipeline pass runs (``numba:run_pass``, with the qualified name of
 the function it compiles: a kernel, an inlined helper's overload, a parfor body) and
 while LLVM works (``numba:llvm_lock``). Every moment of a call goes to the innermost
 of these: to the function the innermost pass compiles, and to a stage of it (LLVM
@@ -30,7 +30,10 @@ def stage_of(pass_name):
     """The stage a Numba pass belongs to (its name: ``"nopython_type_inference
     [qualname]"``)."""
     if pass_name is None:
-        return "dispatch"  # in a dispatcher's compile, outside its pipeline: cache lookups
+        # in a dispatcher's compile, outside its pipeline: the compiler's set-up (the
+        # target context's refresh at a process's first compile); a kernel's save to
+        # the disk cache follows its compile event, so it is charged to its caller
+        return "dispatch"
     name = pass_name.split(" ")[0]
     if "type_inference" in name:
         return "typing"
