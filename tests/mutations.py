@@ -414,8 +414,12 @@ MUTATIONS = [
              ["tests/test_kernels.py", "-k", "non_temporal"]),
     mutation("inliner-copies-share-one-block", "the faster inliner hands every block of a "
              "copy the same copied block (one memo for the whole inline, not per scope)", [
-                 (INLINING, "            return copy.deepcopy(value, entry[1])",
-                  "            return entry[1].setdefault('b', copy.deepcopy(value, entry[1]))")],
+                 (INLINING, "            block = copy.deepcopy(value, entry[1])",
+                  "            block = entry[1].setdefault('b', copy.deepcopy(value, entry[1]))")],
+             ["tests/test_kernels.py", "-k", "inliner"]),
+    mutation("inliner-copies-nothing", "the faster inliner skips the callee's first copy "
+             "too (it then changes the untyped IR kept for the next call sites)", [
+                 (INLINING, "            if id(scope) in self._made:", "            if True:")],
              ["tests/test_kernels.py", "-k", "inliner"]),
     mutation("inliner-patched-at-import", "the faster inliner is installed at import "
              "(Numba's inliner imported by every process)", [
