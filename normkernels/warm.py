@@ -67,7 +67,7 @@ def calls(ops=None, dtypes=None, layouts=None):
         for op in (OPERATORS[n] for n in names):
             if dtype_name not in op.dtypes:
                 continue
-            for case in _cases(op):
+            for case in op.warmup:
                 if case.data_format not in layout_names and not op.rows:
                     continue
                 if case.mode not in op.modes or case.data_format not in op.layouts:
@@ -90,21 +90,6 @@ def calls(ops=None, dtypes=None, layouts=None):
                                       f"{'x'.join(map(str, shape))}",
                                       functools.partial(_run, op, mode, dtype, layout, shape)))
     return found
-
-
-_SHARING = ("channel", "group")  # families whose records run one another's kernels
-
-
-def _cases(op):
-    """The warmup cases ``op`` runs: its own, and for a batch, instance or group
-    normalization (not per sample) those of every such record, which force the paths
-    of the kernels they share (a group normalization runs instance normalization's
-    split planes, which its own cases did not reach)."""
-    if op.family not in _SHARING or op.per_sample:
-        return op.warmup
-    return tuple(dict.fromkeys((*op.warmup, *(
-        case for other in OPERATORS.values()
-        if other.family in _SHARING and not other.per_sample for case in other.warmup))))
 
 
 def _run(op, mode, dtype, layout, ncx_shape, path=None):
