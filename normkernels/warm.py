@@ -70,8 +70,6 @@ def calls(ops=None, dtypes=None, layouts=None):
             for case in op.warmup:
                 if case.data_format not in layout_names and not op.rows:
                     continue
-                if case.mode not in op.modes or case.data_format not in op.layouts:
-                    continue
                 shape = case.ncx_shape
                 if case.per_thread:  # the fused kernels need two planes per thread
                     shape = (shape[0] * threads, *shape[1:])
