@@ -1018,6 +1018,12 @@ MUTATIONS = [
                  (CACHE, "        rtsys.initialize(target_context)\n",
                   "        target_context.refresh()\n")],
              ["tests/test_compile_cost.py", "-k", "cached_load"]),
+    mutation("backward-sums/slice-assigned", "the row partials are stored by a slice "
+             "assignment from an array again (compiles Numba's shape-error formatting: "
+             "seconds of a first call)", [
+                 (BWD_SUMS, "m[j])\n        _put(part1, blk, j0, s1)\n        _put(part2, blk, j0, s2)\n",
+                  "m[j])\n        part1[blk, j0:j1] = s1\n        part2[blk, j0:j1] = s2\n")],
+             ["tests/test_compile_cost.py", "-k", "error_message"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "
