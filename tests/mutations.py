@@ -366,9 +366,8 @@ MUTATIONS = [
              ["tests/test_instance_normalization.py", "-k", "bitwise"]),
     mutation("two-pass-fallback-off", "the one-pass shifted sums never fall back to two "
              "passes when they cancel", [
-                 (MOMENTS_K, "    if correction <= s2 * CANCELLATION_LIMIT:\n"
-                  "        return shift + s1 / x.size, s2 - correction\n",
-                  "    if True:\n        return shift + s1 / x.size, s2 - correction\n")],
+                 (MOMENTS_K, "        if one_pass and correction <= s2 * CANCELLATION_LIMIT:\n",
+                  "        if one_pass:\n")],
              ["tests/test_training.py", "-k", "outlier"]),
     mutation("rows-infinite-shift", "the rows kernel keeps one-pass sums that are NaN "
              "because the block's first row is infinite (an infinite mean turns NaN)", [

@@ -62,6 +62,7 @@ from numba.core.extending import (
 from numba.core.imputils import lower_constant
 
 from normkernels.kernels import erf
+from normkernels.kernels.options import OVERLOAD_OPTIONS
 
 KINDS = ("none", "relu", "silu", "gelu_tanh", "gelu")
 ACTIVATION_ULPS = 8  # tests: the activation's own error bound, in units of roundoff
@@ -342,7 +343,7 @@ def with_residual(typingctx, res, i, value):
     return total(res, i, value), codegen
 
 
-@overload(residual_slice, inline="always")
+@overload(residual_slice, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _residual_slice(res, lo, hi):
     if isinstance(res, types.NoneType):
         return lambda res, lo, hi: None

@@ -43,8 +43,10 @@ from normkernels.kernels.lanes import (
 )
 from normkernels.kernels.lp import store_rounded
 from normkernels.kernels.options import (
+    HELPER_OPTIONS,
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
+    OVERLOAD_OPTIONS,
     VECTOR_BYTES,
 )
 from normkernels.kernels.scale_shift import elements_to_alignment
@@ -57,14 +59,14 @@ ROW_ITEM_ELEMENTS = 1 << 14  # row backward: elements per work item at least (ab
 
 # --- the dX pass ---
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _apply_run(x, dy, dx, m, a, b, k):
     """``dx = dy * a + (x - m) * b + k`` over three slices of one channel."""
     for i in range(x.size):
         store(dx, i, load(dy, i) * a + (load(x, i) - m) * b + k)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _apply_segment(x, dy, dx, lo, hi, m, a, b, k):
     """:func:`_apply_run` of elements ``lo..hi-1`` (ordinary stores)."""
     _apply_run(x[lo:hi], dy[lo:hi], dx[lo:hi], m, a, b, k)
@@ -93,7 +95,7 @@ def apply_planes(x, dy, dx, C, S, m, a, b, k):
         _planes_block(x, dy, dx, blk, C, S, m, a, b, k, _apply_segment)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _apply_row(x, dy, dx, m, a, b, k):
     """One row against per-column tables (vectorised across the columns)."""
     for j in range(x.size):
@@ -112,7 +114,7 @@ def apply_rows(x, dy, dx, P, rows_per_block, m, a, b, k):
             _apply_row(x[lo:lo + P], dy[lo:lo + P], dx[lo:lo + P], m, a, b, k)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _stream_run(x, dy, dx, lo, hi, m, a, b, k):
     """:func:`_apply_run` of ``lo..hi-1`` with streaming stores: a scalar head up to
     dx's 64-byte alignment, streaming vectors, a scalar tail."""
@@ -134,7 +136,7 @@ def apply_planes_streaming(x, dy, dx, C, S, m, a, b, k):
         store_fence()
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _apply_flat(x, dy, dx, lo, hi, P, m, a, b, k):
     """Elements ``lo..hi-1`` against per-column tables of period ``P``, scalar."""
     for i in range(lo, hi):
@@ -171,7 +173,7 @@ apply_rows_serial = serial_twin(apply_rows, **KERNEL_OPTIONS)
 
 # --- row normalizations (LayerNorm, RMSNorm): statistics per row, parameters per column ---
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _row_sum(x):
     """``sum(x)`` in float64."""
     return shifted_sums(x, 0.0)[0]
@@ -223,7 +225,7 @@ def _dx_vectors(x, dy, dx, gamma, mean, r, mg, mgx, dgamma, dbeta):
     raise NotImplementedError("_dx_vectors is only callable from @njit code")
 
 
-@overload(_dx_vectors, inline="always")
+@overload(_dx_vectors, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _dx_vectors_impl(x, dy, dx, gamma, mean, r, mg, mgx, dgamma, dbeta):
     if dx.dtype.bitwidth == 16:  # rounded to odd, then to 16 bits: the scalar loop
         return lambda x, dy, dx, gamma, mean, r, mg, mgx, dgamma, dbeta: 0
@@ -246,7 +248,7 @@ def _dx_vectors_impl(x, dy, dx, gamma, mean, r, mg, mgx, dgamma, dbeta):
     return impl
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _row_backward(x, dy, dx, gamma, centered, epsilon, given, mean, r, dgamma, dbeta):
     """One row (``x``, ``dy``, ``dx`` slices of K; ``gamma`` float64 per column): its
     statistics recomputed (float64, two passes: the row is in cache) unless ``given``

@@ -28,7 +28,7 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.lanes import paired_sums
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import HELPER_OPTIONS, INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.statistics import (
     CANCELLATION_LIMIT,
     COLUMN_TILE,
@@ -55,7 +55,7 @@ def sums_by_planes(C, S):
     return S >= GRAD_MIN_PLANE or C * S > ROW_BLOCK_ELEMENTS
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _span_sums(x, dy, mu):
     """``(sum dy, sum dy * (x - mu))`` of two slices in float64."""
     return paired_sums(x, dy, mu)[2:]
@@ -90,14 +90,14 @@ def merge_plane_sums(part1, part2, C, S, total1, total2):
         total2[c] = t2
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _span_four(x, dy, shift):
     """``(sum d, sum d^2, sum dy, sum dy * d)`` with ``d = x - shift``, float64, in one
     pass over both slices."""
     return paired_sums(x, dy, shift)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _chunk_moment_sums(x, dy):
     """``(mean, M2, sum dy, sum dy * (x - mean))`` of a chunk, SUB_BLOCK by SUB_BLOCK:
     one pass over X and dY together (both streams in flight) with sums shifted by the

@@ -26,7 +26,12 @@ from normkernels.kernels.elements import (
     row_load,
     store,
 )
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import (
+    HELPER_OPTIONS,
+    INLINE_OPTIONS,
+    KERNEL_OPTIONS,
+    OVERLOAD_OPTIONS,
+)
 from normkernels.kernels.rows import fold_row, row_statistics
 
 
@@ -37,14 +42,14 @@ def _param(x, p, i):
     raise NotImplementedError("_param is only callable from @njit code")
 
 
-@overload(_param, inline="always")
+@overload(_param, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _param_impl(x, p, i):
     if x.dtype.bitwidth == 16:
         return lambda x, p, i: np.float32(load(p, i))
     return lambda x, p, i: np.float64(load(p, i))
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _add_row(x, xo, r, ro, K):
     # slices indexed from 0: LLVM vectorises the loop (with offsets it stayed scalar).
     # In float32 for float32 T (``load``), not the rows' float64: the correctly rounded
@@ -54,7 +59,7 @@ def _add_row(x, xo, r, ro, K):
         store(rs, i, load(xs, i) + load(rs, i))
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _normalize_row(x, xo, r, ro, K, w, B, m, a, c, b, llama):
     """Y of one row; ``b``: -0.0 in the compute dtype (the bias where there is none)."""
     xs, rs = x[xo:xo + K], r[ro:ro + K]
@@ -72,7 +77,7 @@ def _normalize_row(x, xo, r, ro, K, w, B, m, a, c, b, llama):
             store(xs, i, ((row_load(rs, i) - m) * a + c) * _param(xs, w, i) + b)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def fused_add_item(x, xr, r, K, w, B, epsilon, centered, llama, mean, var, first, last):
     """Rows ``first..last-1`` of :func:`fused_add_rows_serial`, each added, reduced and
     normalized while it is in L1 (a row of 4096 float32: 16 KB)."""

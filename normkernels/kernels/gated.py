@@ -33,7 +33,7 @@ from normkernels.kernels.activations import SILU, activate, sigmoid
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lp import store_rounded
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import HELPER_OPTIONS, INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.rows import row_statistics
 
 BLOCK_ELEMENTS = 1 << 15  # elements of the rows of one backward work item
@@ -188,7 +188,7 @@ def _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
                     _put(dx, o + k, du * (zv * s))
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _backward_item(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz, dwp, dbp,
                    item, per_item):
     """Item ``item``: its ``per_item`` rows, its partial sums ``dwp[item]``, ``dbp[item]``."""

@@ -31,6 +31,7 @@ from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.fold import fold_one
 from normkernels.kernels.options import (
+    HELPER_OPTIONS,
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
     MIN_PLANE,
@@ -51,7 +52,7 @@ from normkernels.kernels.statistics import PLANE_CHUNK, chan_merge, chunk_moment
 _INLINE = INLINE_OPTIONS
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def plane_statistics(x):
     """(mean, M2) of one plane: chunks of PLANE_CHUNK reduced as
     :func:`normkernels.kernels.statistics.plane_partials` does, merged in order as

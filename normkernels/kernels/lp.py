@@ -39,8 +39,10 @@ from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lanes import absolute_sum, shifted_sums
 from normkernels.kernels.options import (
+    HELPER_OPTIONS,
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
+    OVERLOAD_OPTIONS,
     SHORT_ROW,
 )
 
@@ -98,7 +100,7 @@ def store_rounded(arr, i, value):
     raise NotImplementedError("store_rounded is only callable from @njit code")
 
 
-@overload(store_rounded, inline="always")
+@overload(store_rounded, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _store_rounded_impl(arr, i, value):
     if arr.dtype == types.float64:
 
@@ -125,7 +127,7 @@ def _quotient(arr, v, r, inv):
     raise NotImplementedError("_quotient is only callable from @njit code")
 
 
-@overload(_quotient, inline="always")
+@overload(_quotient, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _quotient_impl(arr, v, r, inv):
     """``v / r`` for float64 storage (one rounding: float64 outputs), ``v * inv``
     (``inv = 1 / r``) for narrower storage, where the second float64 rounding is far
@@ -138,7 +140,7 @@ def _quotient_impl(arr, v, r, inv):
 # --- per vector: the sum, the fold, the scale ---
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _sum(x, o, n, p):
     """``sum |x|`` (p = 1) or ``sum x**2`` of ``x[o:o+n]`` in float64, in lanes
     (:mod:`normkernels.kernels.lanes`)."""
@@ -163,7 +165,7 @@ def _short_sum(x, o, n, p):
     return total
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _rescaled(x, o, step, n, p, total):
     """``(s, r)`` of the vector ``x[o + k * step]`` (``k < n``) whose float64 sum
     ``total`` overflowed or is below ``TINY``: zero vector ``(0, 1)``; an infinite
@@ -248,7 +250,7 @@ rows_serial = serial_twin(rows_parallel, **KERNEL_OPTIONS)
 # --- columns: inner > 1 ---
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _add_row(x, o, w, p, acc):
     """``acc[j] += |x[o + j]|`` or ``x[o + j]**2``, ``j < w``: vectorised across the
     columns, so each column's sum is in order of the rows, without reassociation."""
@@ -262,7 +264,7 @@ def _add_row(x, o, w, p, acc):
             acc[j] += v * v
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _scale_row(x, y, o, w, s, r, inv):
     """``y[o + j] = (x[o + j] * s[j]) / r[j]`` (``* inv[j]`` for narrow storage)."""
     xs, ys = x[o:o + w], y[o:o + w]
@@ -270,7 +272,7 @@ def _scale_row(x, y, o, w, s, r, inv):
         store_rounded(ys, j, _quotient(xs, np.float64(load(xs, j)) * s[j], r[j], inv[j]))
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _column_item(x, y, K, inner, first, last, c0, w, p):
     """Outer indices ``first..last-1``, columns ``c0..c0+w-1``: the float64 column
     sums over the ``K`` rows, their fold, then the scale of the same rows (still in

@@ -37,7 +37,7 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.lp import store_rounded
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import HELPER_OPTIONS, INLINE_OPTIONS, KERNEL_OPTIONS
 
 _INLINE = INLINE_OPTIONS
 
@@ -51,7 +51,7 @@ def power(b, beta, fast):
     return math.pow(b, beta)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _squares(x, o, w, sq, so):
     """``sq[so + j] = x[o + j] ** 2`` in float64 (slices indexed from 0: vectorised)."""
     xs, dest = x[o:o + w], sq[so:so + w]
@@ -60,7 +60,7 @@ def _squares(x, o, w, sq, so):
         dest[j] = v * v
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _window(sq, lo, hi, w, ss):
     """``ss[j] = sum(sq[i * w + j] for i in lo..hi)``, ascending from 0.0, vectorised
     across ``j``."""
@@ -80,7 +80,7 @@ def _outputs(x, y, o, w, ss, coef, bias, beta, fast):
         store_rounded(ys, j, np.float64(load(xs, j)) / power(bias + coef * ss[j], beta, fast))
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _plane_item(x, y, C, S, n, s0, w, size, coef, bias, beta, fast):
     """Sample ``n``, spatial positions ``s0..s0+w-1``, every channel. Its own function:
     scratch arrays made inside a parallel kernel's body would become parallel regions
@@ -110,7 +110,7 @@ def planes_parallel(x, y, C, S, chunk, size, coef, bias, beta, fast):
 planes_serial = serial_twin(planes_parallel, **KERNEL_OPTIONS)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _shifted_add(sq, d, C, ss):
     """``ss[c] += sq[c + d]`` for the channels ``c`` with ``0 <= c + d < C`` (slices
     from 0: vectorised)."""
@@ -122,7 +122,7 @@ def _shifted_add(sq, d, C, ss):
         dest[j] += src[j]
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _row_block(x, y, C, first, last, size, coef, bias, beta, fast):
     """Rows ``first..last-1``: per row its squares, the window sums as shifted adds in
     ascending channel order (the order of the planes loop), then the outputs."""

@@ -10,6 +10,12 @@ bits on every target and for any thread count.
 
 KERNEL_OPTIONS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 INLINE_OPTIONS = dict(KERNEL_OPTIONS, inline="always")
+# Functions only kernels call, and overloads: no Python or C wrapper (each is code to
+# lower and optimise, a fifth of a small helper's compile). An overload's own
+# dispatcher is not cached on disk (its caller's code is).
+HELPER_OPTIONS = dict(KERNEL_OPTIONS, no_cpython_wrapper=True, no_cfunc_wrapper=True)
+OVERLOAD_OPTIONS = dict(error_model="numpy", boundscheck=False, no_cpython_wrapper=True,
+                        no_cfunc_wrapper=True)
 
 # Every vector operation of the kernels handles 64 bytes (one cache line, one
 # AVX-512 register): 16 float32, 8 float64 or 32 16-bit elements.

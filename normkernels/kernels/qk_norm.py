@@ -37,7 +37,13 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lanes import deviations, lane_count, lane_sum, widened, zeros
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS, SHORT_ROW
+from normkernels.kernels.options import (
+    HELPER_OPTIONS,
+    INLINE_OPTIONS,
+    KERNEL_OPTIONS,
+    OVERLOAD_OPTIONS,
+    SHORT_ROW,
+)
 from normkernels.kernels.rows import row_statistics
 from normkernels.kernels.statistics import NARROW_RUN, PLANE_CHUNK
 from normkernels.kernels.vectors import (
@@ -99,7 +105,7 @@ def _vector_lanes(x):
     raise NotImplementedError("_vector_lanes is only callable from @njit code")
 
 
-@overload(_vector_lanes, inline="always")
+@overload(_vector_lanes, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _vector_lanes_impl(x):
     lanes = storage_codec(x.dtype)[0]
     return lambda x: lanes
@@ -172,7 +178,7 @@ def _wide_head_squares(x, p, D):
     return s
 
 
-@overload(_head_squares, inline="always")
+@overload(_head_squares, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _head_squares_impl(x, p, D):
     if x.dtype.bitwidth == 16:
         return lambda x, p, D: _narrow_head_squares(x, p, D)
@@ -208,7 +214,7 @@ def _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
             _scale(x, o + h * D, D, a[h], kw, llama)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _item(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last):
     _rows(x, xr, qw, kw, nq, nk, epsilon, llama, var, first, last)
 

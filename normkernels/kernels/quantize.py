@@ -38,15 +38,18 @@ from numba.core.extending import intrinsic, overload
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import compute_empty, load, store
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import (
+    HELPER_OPTIONS,
+    INLINE_OPTIONS,
+    KERNEL_OPTIONS,
+    OVERLOAD_OPTIONS,
+)
 from normkernels.kernels.rows import row_statistics
 
 INT8_MAX = 127.0
 # the overloads below are compiled functions, not inlined into Numba's IR: inlined, the
 # phi nodes of their selects tripped Numba's IR scope check (NumbaIRAssumptionWarning)
 # on a cold cache; LLVM inlines them all the same (the loops stay vectorised)
-_OVERLOAD_OPTIONS = {k: v for k, v in KERNEL_OPTIONS.items() if k in ("error_model",
-                                                                        "boundscheck")}
 FP8_MAX = 448.0
 
 
@@ -92,7 +95,7 @@ def fp8_from_f32(v):
     return np.uint8(sign | r)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def fp8_from_f64(v):
     """:func:`fp8_from_f32` for float64 ``v`` (49 dropped bits; the subnormal add
     ``|v| + 2**43``), one rounding from float64."""
@@ -115,7 +118,7 @@ def fp8_bits(v):
     raise NotImplementedError("fp8_bits is only callable from @njit code")
 
 
-@overload(fp8_bits, jit_options=_OVERLOAD_OPTIONS)
+@overload(fp8_bits, jit_options=OVERLOAD_OPTIONS)
 def _fp8_bits_impl(v):
     if v == types.float32:
         return lambda v: fp8_from_f32(v)
@@ -130,7 +133,7 @@ def int8_round(v):
     raise NotImplementedError("int8_round is only callable from @njit code")
 
 
-@overload(int8_round, jit_options=_OVERLOAD_OPTIONS)
+@overload(int8_round, jit_options=OVERLOAD_OPTIONS)
 def _int8_round_impl(v):
     if v not in (types.float32, types.float64):
         return None
@@ -151,7 +154,7 @@ def abs_bits(v):
     raise NotImplementedError("abs_bits is only callable from @njit code")
 
 
-@overload(abs_bits, inline="always")
+@overload(abs_bits, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _abs_bits_impl(v):
     if v == types.float32:
         return lambda v: np.uint32(f32_bits(v) & np.uint32(0x7FFFFFFF))
@@ -166,7 +169,7 @@ def magnitude(bits, like):
     raise NotImplementedError("magnitude is only callable from @njit code")
 
 
-@overload(magnitude, inline="always")
+@overload(magnitude, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _magnitude_impl(bits, like):
     if like == types.float32:
         return lambda bits, like: bits_f32(np.uint32(bits))
@@ -290,7 +293,7 @@ def prepare(x, w, b, offset, K):
     return _tables(x, w, b, offset, K)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def quantize_item(x, xr, res, rr, K, G, epsilon, centered, wt, bt, fp8, static, scale_ub,
                   floor, q, scales, mean, var, nans, first, last):
     """Rows ``first..last-1`` of :func:`quantize_rows`. The tables hold ``offset + w``

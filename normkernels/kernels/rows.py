@@ -56,8 +56,10 @@ from normkernels.kernels.elements import (
 )
 from normkernels.kernels.lanes import shifted_sums
 from normkernels.kernels.options import (
+    HELPER_OPTIONS,
     INLINE_OPTIONS,
     KERNEL_OPTIONS,
+    OVERLOAD_OPTIONS,
     SHORT_ROW,
     VECTOR_BYTES,
 )
@@ -76,7 +78,7 @@ _INLINE = INLINE_OPTIONS
 BLOCK_ELEMENTS = 1 << 15  # rows reduced, folded and normalized together (in L2)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _wide_moments(xs):
     """(mean, M2) in float64, by the per-channel statistics' rule: sub-blocks of
     ``SUB_BLOCK`` in one pass over deviations from their first element (two passes
@@ -91,7 +93,7 @@ def _wide_moments(xs):
     return mean, m2
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _span_squares(xs):
     """``(ok, sum of squares)`` of 16-bit ``xs`` in float32 runs joined in float64;
     not ``ok`` when not finite (squares beyond float32's range too)."""
@@ -108,15 +110,14 @@ def _narrow_squares(xs):
     raise NotImplementedError("_narrow_squares is only callable from @njit code")
 
 
-@overload(_narrow_squares, jit_options={k: v for k, v in KERNEL_OPTIONS.items()
-                                        if k in ("error_model", "boundscheck")})
+@overload(_narrow_squares, jit_options=OVERLOAD_OPTIONS)
 def _narrow_squares_impl(xs):
     if isinstance(xs, types.Array) and xs.dtype.bitwidth == 16:
         return lambda xs: _span_squares(xs)
     return lambda xs: (False, 0.0)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _wide_squares(xs):
     return shifted_sums(xs, 0.0)[1]
 
@@ -125,7 +126,7 @@ def _wide_squares(xs):
 # Numba wraps negative indices and LLVM did not vectorise (10x slower).
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def chunk_moments(x, o, n):
     """(mean, M2) of ``x[o:o+n]``: float32 arithmetic (``statistics._span_narrow``:
     shifted sums in float32 runs joined in float64, float64 passes where they cancel or
@@ -140,7 +141,7 @@ def chunk_moments(x, o, n):
     return _wide_moments(xs)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def chunk_squares(x, o, n):
     """Sum of squares of ``x[o:o+n]``: float32 runs for 16-bit X (as
     :func:`chunk_moments`), else float64, or float64 where float32 overflows."""
@@ -224,7 +225,7 @@ def _activated(y, act, value):
     raise NotImplementedError("_activated is only callable from @njit code")
 
 
-@overload(_activated, inline="always")
+@overload(_activated, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _activated_impl(y, act, value):
     if act.kind == "none":
         return lambda y, act, value: value
@@ -271,7 +272,7 @@ def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector, ro, res, act):
                 act)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _add_row(x, xo, skip, so, bias, dest, do, K):
     """``dest[do:do+K] = x[xo:][:K] + skip[so:][:K] + bias``, rounded once. Slices
     indexed from 0 in a function of its own: with offsets the loop stayed scalar
@@ -390,7 +391,7 @@ def rms_rows_serial(x, xr, y, yr, K, scale, B, epsilon, mean, var, skip, bias, s
 # thread: 36 us against 24; docs/design.md).
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def rows_item(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a, c, skip,
               bias, sums, rr, res, act):
     """Rows ``first..last-1`` of :func:`rows_parallel` (tables made by the caller)."""
@@ -398,7 +399,7 @@ def rows_item(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, 
           bias, sums, vector_row, rr, res, act)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def rows_item_streaming(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m,
                         a, c, skip, bias, sums, rr, res, act):
     """:func:`rows_item` with streaming stores (fenced)."""

@@ -9,7 +9,7 @@ from numba import njit, prange
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import row_compute_empty
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import HELPER_OPTIONS, INLINE_OPTIONS, KERNEL_OPTIONS
 from normkernels.kernels.rows import (
     chunk_moments,
     chunk_squares,
@@ -65,7 +65,7 @@ def merge_partials(part_mean, part_m2, K, centered, mean, var):
             mean[r], var[r] = 0.0, total / K
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _fold_all(x, mean, var, epsilon, centered):
     m, a, c = row_compute_empty(x, mean.size), row_compute_empty(x, mean.size), \
         row_compute_empty(x, mean.size)

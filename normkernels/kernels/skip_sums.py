@@ -17,7 +17,7 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.activations import residual_slice, with_residual
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import row_load, store
-from normkernels.kernels.options import KERNEL_OPTIONS
+from normkernels.kernels.options import HELPER_OPTIONS, KERNEL_OPTIONS
 
 ITEM_ELEMENTS = 1 << 15  # elements per work item (whole rows), about
 
@@ -25,19 +25,19 @@ ITEM_ELEMENTS = 1 << 15  # elements per work item (whole rows), about
 # stayed scalar (see rows._add_row).
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _row_skip_row_bias(x, skip, bias, dest):
     for i in range(x.size):
         store(dest, i, (row_load(x, i) + row_load(skip, i)) + bias[i])
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _row_skip_value_bias(x, skip, b, dest):
     for i in range(x.size):
         store(dest, i, (row_load(x, i) + row_load(skip, i)) + b)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _value_skip_value_bias(x, s, b, dest):
     for i in range(x.size):
         store(dest, i, (row_load(x, i) + s) + b)
@@ -61,7 +61,7 @@ def skip_sums(x, skip, bias, dest, K, rows_per_skip, skip_rows, C, rows_per_item
                 _value_skip_value_bias(xs, row_load(skip, k), bias[r % C], ds)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _gated_row(x, residual, gate, dest):
     for i in range(x.size):
         store(dest, i, row_load(residual, i) + gate[i] * row_load(x, i))
@@ -83,7 +83,7 @@ skip_sums_serial = serial_twin(skip_sums, **KERNEL_OPTIONS)
 gated_sums_serial = serial_twin(gated_sums, **KERNEL_OPTIONS)
 
 
-@njit(**KERNEL_OPTIONS)
+@njit(**HELPER_OPTIONS)
 def _gated_back_row(dln, ds, x, gate, dres, dx, dgate):
     for i in range(x.size):
         # the residual stream's gradient in dln's dtype (float32 for 16-bit and float32 X)

@@ -33,7 +33,7 @@ import normkernels.kernels.cache  # noqa: F401  (registers the cache locators be
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load
 from normkernels.kernels.lanes import shifted_sums
-from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS
+from normkernels.kernels.options import INLINE_OPTIONS, KERNEL_OPTIONS, OVERLOAD_OPTIONS
 from normkernels.kernels.vectors import prefetch
 
 _INLINE = INLINE_OPTIONS
@@ -73,13 +73,33 @@ def deviation(x, i, shift):
 
 
 @njit(**_INLINE)
+def _passes(x, shift, one_pass):
+    """(mean, M2) of a slice from its sums of deviations from ``shift``: in one pass
+    (``M2 = sum(d**2) - sum(d)**2 / n``) when ``one_pass`` and that cancels little,
+    else two passes (the mean, then the squared deviations from it). A loop around one
+    call of ``shifted_sums``: each inlined copy of it was a tenth of a second of a
+    first call."""
+    n = x.size
+    mean_known = False
+    while True:
+        s1, s2 = shifted_sums(x, shift)
+        if mean_known:
+            return shift, s2
+        correction = s1 * s1 / n
+        if one_pass and correction <= s2 * CANCELLATION_LIMIT:
+            return shift + s1 / n, s2 - correction
+        if math.isfinite(shift):
+            shift = shift + s1 / n
+            mean_known = True
+        else:  # x - inf would turn an infinite mean into NaN: the mean's pass from 0
+            shift = 0.0
+            one_pass = False
+
+
+@njit(**_INLINE)
 def span_two_pass(x):
     """(mean, M2) of a slice by two passes: sum, then squared deviations."""
-    shift = np.float64(load(x, 0))
-    if not math.isfinite(shift):  # x - inf would turn an infinite mean into NaN
-        shift = 0.0
-    mean = shift + shifted_sums(x, shift)[0] / x.size
-    return mean, shifted_sums(x, mean)[1]
+    return _passes(x, np.float64(load(x, 0)), False)
 
 
 @njit(**_INLINE)
@@ -120,8 +140,7 @@ def narrow_span(x):
     raise NotImplementedError("narrow_span is only callable from @njit code")
 
 
-@overload(narrow_span, jit_options={k: v for k, v in KERNEL_OPTIONS.items()
-                                     if k in ("error_model", "boundscheck")})
+@overload(narrow_span, jit_options=OVERLOAD_OPTIONS)
 def _narrow_span_impl(x):
     if isinstance(x, types.Array) and x.dtype.bitwidth == 16:
         return lambda x: _span_narrow(x)
@@ -149,12 +168,7 @@ def _span(x):
 @njit(**_INLINE)
 def wide_span(x):
     """(mean, M2) of a short slice in float64: :func:`_span` without the 16-bit path."""
-    shift = np.float64(load(x, 0))
-    s1, s2 = shifted_sums(x, shift)
-    correction = s1 * s1 / x.size
-    if correction <= s2 * CANCELLATION_LIMIT:
-        return shift + s1 / x.size, s2 - correction
-    return span_two_pass(x)
+    return _passes(x, np.float64(load(x, 0)), True)
 
 
 @njit(**_INLINE)
