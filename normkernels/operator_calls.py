@@ -10,7 +10,7 @@ import importlib
 
 import numpy as np
 
-from normkernels.dtypes import BFLOAT16, FLOAT32
+from normkernels.dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 from normkernels.operator_record import BACKWARD, qk_heads
 
 
@@ -33,9 +33,7 @@ class OperatorCalls:
         :attr:`batch_statistics` the batch mean and population variance of ``X`` (over
         every axis but the channel ``axis``) in the parameters' dtype; a
         :attr:`per_sample` record's backward takes all of the forward's parameters."""
-        pdt = FLOAT32 if self.param_dtype == "float32" else dtype
-        if self.name == "batchnorm-inference" or (self.param_dtype and dtype == BFLOAT16):
-            pdt = BFLOAT16 if dtype == BFLOAT16 else FLOAT32
+        pdt = self.parameter_dtype(dtype)
         size = (shape[0], C) if self.per_sample else C
         values = (rng.uniform(0.5, 2.0, size), rng.standard_normal(size),
                   rng.standard_normal(size), rng.uniform(0.5, 2.0, size))
@@ -53,6 +51,13 @@ class OperatorCalls:
         if self.skip:
             params = (rng.standard_normal(shape).astype(dtype), *params)
         return params
+
+    def parameter_dtype(self, dtype):
+        """The parameters' dtype for X of ``dtype``: float32 (bfloat16 for oneDNN ops on
+        bfloat16 X), or X's dtype for operators whose parameters share X's type."""
+        if self.name == "batchnorm-inference" or (self.param_dtype and dtype == BFLOAT16):
+            return BFLOAT16 if dtype == BFLOAT16 else FLOAT32
+        return FLOAT32 if self.param_dtype == "float32" else dtype
 
     def kwargs(self, mode, data_format, C=None):
         """The keyword arguments of a call (``C``: X's channels, for the group count)."""
@@ -164,17 +169,22 @@ class OperatorCalls:
         return written if self.in_place else result
 
     def coldstart_call(self, mode):
-        """Source of a first call, for ``normkernels coldstart`` (X, p defined, X in
-        NCX; row normalizations take X's rows, X.reshape(-1, X.shape[-1]), and
+        """Source of a first call, for ``normkernels coldstart`` (X defined, in NCX;
+        parameters of ones in the dtype :meth:`parameter_dtype` gives for X's). Row
+        normalizations take X's rows, X.reshape(-1, X.shape[-1]), and
         :attr:`per_sample` records X itself with parameters (N, C); the backward's dY
-        is X, its mean and var p)."""
+        is X, its mean and var parameters."""
         x = "X.reshape(-1, X.shape[-1])" if self.rows and not self.per_sample else "X"
-        p = "p"
+        p = "np.ones(X.shape[1], P)"
         if self.rows or self.per_sample:  # per column, or (N, C)
             C = "X.shape[-1]" if self.rows else "X.shape[1]"
             if self.family == "qk":
                 C = f"{_QK_HEADS}['head_dim']"
-            p = f"np.ones({f'(X.shape[0], {C})' if self.per_sample else C}, 'float32')"
+            p = f"np.ones({f'(X.shape[0], {C})' if self.per_sample else C}, P)"
+        # the parameters' dtype by X's (the rule of :meth:`parameter_dtype`)
+        dtypes = {d.name: self.parameter_dtype(d).name
+                  for d in (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)}
+        prefix = f"P = {dtypes!r}[X.dtype.name]\n"
         if mode == BACKWARD:
             count = 3 if self.batch_statistics else self.n_params if self.per_sample else 1
             args = ", ".join([x, x, *[p] * count])
@@ -196,7 +206,7 @@ class OperatorCalls:
             name, values = self.layout_attribute
             kwargs[name] = repr(values["NCX"])
         extra = "".join(f", {k}={v}" for k, v in kwargs.items())
-        return f"nk.{self.target(mode)[0]}({args}{extra})"
+        return f"{prefix}nk.{self.target(mode)[0]}({args}{extra})"
 
 
 # the heads of a qkv row in a first call's source (which sees only nk, np, X and p)

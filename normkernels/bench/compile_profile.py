@@ -234,9 +234,8 @@ def _main(label, shape, dtype):
     from normkernels.bench.model_timing import COLD_START_FAMILIES
 
     X = np.ones(tuple(int(v) for v in shape.split(",")), dtype)
-    p = np.ones(X.shape[1], "float32")
     code = compile(COLD_START_FAMILIES[label], "<first call>", "exec")
-    scope = {"np": np, "nk": nk, "ml_dtypes": ml_dtypes, "X": X, "p": p}
+    scope = {"np": np, "nk": nk, "ml_dtypes": ml_dtypes, "X": X}
     print(json.dumps(profile(lambda: exec(code, scope))))
 
 

@@ -120,7 +120,9 @@ def _fresh_python(code, env):
     import sys
 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, check=True)
+                          env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"a fresh process failed:\n{code}\n{done.stderr}")
     return _json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -149,7 +151,6 @@ def cold_start(shape=(2, 16, 8, 8), dtype="float32", repeat=3, families=None):
             code = (
                 "import time, json, numpy as np, ml_dtypes\n"
                 f"X = np.ones({tuple(shape)!r}, {dtype!r})\n"
-                f"p = np.ones({shape[1]}, 'float32')\n"
                 "t0 = time.perf_counter()\n"
                 "import normkernels as nk\n"
                 "t1 = time.perf_counter()\n"
