@@ -155,3 +155,18 @@ def test_a_first_call_compiles_no_error_message_formatting(label):
     result = compile_profile.first_call(label, (2, 16, 8, 8), "float32")
     names = [name for name, _total, _stages in result["rows"]]
     assert [n for n in names if "unicode" in n or "raise_with_shape" in n] == [], names
+
+
+def test_an_inlined_overload_is_typed_not_compiled():
+    """An ``inline="always"`` overload's implementation is inlined as typed IR; Numba
+    also compiled it whole (lowering and LLVM) for a call template nobody used.
+    ``kernels.inlining`` stops that for this package's overloads: the implementation
+    shows in a first call's profile with no lowering and no LLVM time."""
+    from normkernels.bench import compile_profile
+
+    result = compile_profile.first_call("layernorm backward", (2, 16, 8, 8), "float32")
+    rows = {name: stages for name, _total, stages in result["rows"]}
+    inlined = [name for name in rows if name.startswith("kernels.backward_dx._dx_vectors_impl")]
+    assert inlined, sorted(rows)
+    for name in inlined:
+        assert rows[name]["lowering"] == 0 and rows[name]["LLVM"] == 0, (name, rows[name])

@@ -86,6 +86,45 @@ def _install():
     inline_function = getattr(worker, "inline_function", None)
     if inline_function is not None and hasattr(worker, "run_untyped_passes"):
         worker.inline_function = _memo_untyped(inline_function)
+    _type_inlined_overloads_only()
+
+
+def _type_inlined_overloads_only():
+    """Typing a call of an ``inline="always"`` ``@overload`` runs type inference on
+    the implementation's IR, whose typed IR is then inlined; before that it asks the
+    implementation's dispatcher for a call template, which compiles it whole (lowering
+    and LLVM included, 0.03-0.15 s a signature) for a result nobody uses (Numba PR
+    #6856). For this package's overloads the dispatcher is told not to compile:
+    the template it returns is not used."""
+    try:
+        from numba.core.typing.templates import _OverloadFunctionTemplate
+    except ImportError:  # pragma: no cover
+        return
+    original = getattr(_OverloadFunctionTemplate, "_get_jit_decorator", None)
+    if original is None or getattr(original, "_normkernels", False):
+        return
+
+    def _get_jit_decorator(self):
+        jitter = original(self)
+        inline = getattr(self, "_inline", None)
+        module = getattr(getattr(self, "_overload_func", None), "__module__", "") or ""
+        if (inline is None or not inline.is_always_inline
+                or module.split(".")[0] != _PACKAGE):
+            return jitter
+
+        def typing_only(*args, **kwargs):
+            decorate = jitter(*args, **kwargs)
+
+            def make(function):
+                dispatcher = decorate(function)
+                dispatcher._can_compile = False
+                return dispatcher
+            return make
+        return typing_only
+
+    _get_jit_decorator._normkernels = True
+    _get_jit_decorator.__wrapped__ = original
+    _OverloadFunctionTemplate._get_jit_decorator = _get_jit_decorator
 
 
 _UNTYPED = {}  # (function, the flags' values) -> its untyped IR
