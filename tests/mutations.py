@@ -262,8 +262,8 @@ MUTATIONS = [
              ["tests/test_torch.py", "-k", "eager_routes or opcheck"]),
     mutation("torch-rms-eps", "normkernels.torch's rms_norm takes 1e-6 for eps=None", [
                  ("normkernels/torch/functional.py",
-                  "eps = float(torch.finfo(input.dtype).eps if eps is None else eps)",
-                  "eps = float(1e-6 if eps is None else eps)")],
+                  "        eps = torch.finfo(torch.float32 if wide else input.dtype).eps\n",
+                  "        eps = 1e-6\n")],
              ["tests/test_torch.py", "-k", "rms_norm_default"]),
     mutation("torch-bn-eval-grad-training", "normkernels.torch's eval-mode BatchNorm "
              "backward differentiates through the batch statistics", [
@@ -1020,9 +1020,31 @@ MUTATIONS = [
     mutation("backward-sums/slice-assigned", "the row partials are stored by a slice "
              "assignment from an array again (compiles Numba's shape-error formatting: "
              "seconds of a first call)", [
-                 (BWD_SUMS, "m[j])\n        _put(part1, blk, j0, s1)\n        _put(part2, blk, j0, s2)\n",
+                 (BWD_SUMS, "m[j])\n        _put(part1, blk, j0, s1)\n"
+                  "        _put(part2, blk, j0, s2)\n",
                   "m[j])\n        part1[blk, j0:j1] = s1\n        part2[blk, j0:j1] = s2\n")],
              ["tests/test_compile_cost.py", "-k", "error_message"]),
+    mutation("inliner/overloads-compiled", "an inline=\"always\" overload's implementation "
+             "is compiled whole again, besides being inlined as typed IR", [
+                 ("normkernels/kernels/inlining.py",
+                  "                dispatcher._can_compile = False\n", "                pass\n")],
+             ["tests/test_compile_cost.py", "-k", "inlined_overload"]),
+    mutation("torch/rms-eps-16-bit", "rms_norm's eps=None on 16-bit input is the 16-bit "
+             "dtype's epsilon, not float32's (torch's computation type)", [
+                 ("normkernels/torch/functional.py",
+                  "        wide = input.dtype in (torch.float16, torch.bfloat16)\n",
+                  "        wide = False\n")],
+             ["tests/test_torch.py", "-k", "default_epsilon"]),
+    mutation("torch/instance-one-element", "instance_norm of one spatial element returns "
+             "zeros where torch raises", [
+                 ("normkernels/torch/functional.py",
+                  "    if math.prod(input.shape[2:]) == 1:", "    if False:")],
+             ["tests/test_torch.py", "-k", "errors_name"]),
+    mutation("torch/bn-mixed-to-torch", "BatchNorm modules with float32 parameters on "
+             "16-bit input run torch's forward (its strided path rounds the gradients)", [
+                 ("normkernels/torch/modules.py", "                     mixed=True):",
+                  "                     mixed=False):")],
+             ["tests/test_torch.py", "-k", "float32_parameters"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "

@@ -164,6 +164,16 @@ def test_errors_name_the_argument():
         nt.instance_norm(x, torch.zeros(3), torch.ones(3))
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         nt.batch_norm(torch.randn(1, 3), None, None, training=True)
+    # one spatial element: torch raises (its instance statistics would be 0 and x - x)
+    for shape, module in (((2, 3, 1), nt.InstanceNorm1d(3)),
+                          ((2, 3, 1, 1), nt.InstanceNorm2d(3, affine=True))):
+        x = torch.randn(*shape)
+        for call in (nt.instance_norm, module):
+            with pytest.raises(ValueError, match="more than 1 spatial element"):
+                call(x)
+        torch_module = {1: nn.InstanceNorm1d, 2: nn.InstanceNorm2d}[len(shape) - 2](3)
+        with pytest.raises(ValueError, match="more than 1 spatial element"):
+            torch_module(torch.randn(*shape))
     with pytest.raises(ValueError, match="num_groups"):
         nt.group_norm(torch.randn(2, 6, 4), 4)
 
@@ -287,14 +297,53 @@ def test_modules_fall_back_to_torch_where_normkernels_cannot_run(gen):
     torch.testing.assert_close(b(x), a(x))
 
 
+def test_batch_norm_of_16_bit_input_with_float32_parameters(gen):
+    """BatchNorm2d with float32 parameters and buffers on bfloat16 input (autocast's
+    case): normkernels computes it, strided or not, with the weight and bias gradients
+    float32 sums (torch's strided path rounds them to bfloat16: 6.7998 came back as
+    6.8125) and torch's running statistics."""
+    x0 = torch.randn(2, 4, 6, 10, generator=gen).to(torch.bfloat16)
+    g = torch.randn(2, 4, 6, 5, generator=gen).to(torch.bfloat16)
+    got = {}
+    for strided in (False, True):
+        ours, theirs = nt.BatchNorm2d(4), nn.BatchNorm2d(4)
+        x = x0[..., ::2] if strided else x0[..., ::2].contiguous()
+        for module in (ours, theirs):
+            xr = x.detach().clone() if not strided else x0.detach().clone()[..., ::2]
+            xr.requires_grad_()
+            y = module(xr)
+            y.backward(g)
+            got[strided, module is ours] = (y, xr.grad, module.weight.grad, module.bias.grad,
+                                            module.running_mean, module.running_var)
+    reference = got[False, False]  # torch, contiguous: float32 sums
+    for key in ((False, True), (True, True)):
+        y, dx, dw, db, mean, var = got[key]
+        assert dw.dtype == db.dtype == torch.float32
+        torch.testing.assert_close(db, reference[3], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(dw, reference[2], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mean, reference[4], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(var, reference[5], rtol=1e-6, atol=1e-7)
+        _close(y, reference[0], torch.bfloat16, f"y {key}")
+        _close(dx, reference[1], torch.bfloat16, f"dx {key}")
+
+
 def test_rms_norm_default_epsilon_is_torchs(gen):
-    """``eps=None``: the machine epsilon of the input's dtype, as torch's rule; rows
-    of magnitude 1e-3 make epsilon a visible part of the mean square."""
-    for dtype in (torch.float32, torch.float64):
-        x = (1e-3 * torch.randn(4, 16, generator=gen, dtype=torch.float64)).to(dtype)
+    """``eps=None``: the machine epsilon of the computation's dtype, as torch's rule
+    (float32's for 16-bit input, not the 16-bit epsilon: 0.0078 for bfloat16); rows of
+    magnitude 1e-3 (1e-2 for 16-bit) make epsilon a visible part of the mean square.
+    The gradient of the input goes through the same epsilon."""
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        size = 1e-2 if dtype.itemsize == 2 else 1e-3
+        x = (size * torch.randn(4, 16, generator=gen, dtype=torch.float64)).to(dtype)
         _close(nt.rms_norm(x, (16,)), TF.rms_norm(x, (16,)), dtype, str(dtype))
-        m = nt.RMSNorm(16)
-        _close(m(x.float()), nn.RMSNorm(16)(x.float()), torch.float32, "module")
+        m, t = nt.RMSNorm(16, dtype=dtype), nn.RMSNorm(16, dtype=dtype)
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        ya, yb = m(xa), t(xb)
+        _close(ya, yb, dtype, f"module {dtype}")
+        g = torch.randn(4, 16, generator=gen, dtype=torch.float64).to(dtype)
+        ya.backward(g)
+        yb.backward(g)
+        _close(xa.grad, xb.grad, dtype, f"module {dtype}: dX")
 
 
 class _Passing(torch.overrides.TorchFunctionMode):

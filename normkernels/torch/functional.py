@@ -4,6 +4,8 @@ Each call goes by :func:`eager.route`: the custom operator where the dispatcher 
 see it (compiling, modes, tensor subclasses), else the function directly, under an
 autograd.Function when a gradient is wanted."""
 
+import math
+
 import torch
 
 from normkernels.torch import direct, eager, ops
@@ -32,10 +34,14 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None):
-    """As ``torch.nn.functional.rms_norm``; ``eps=None``: the machine epsilon of input's
-    dtype (torch's rule)."""
+    """As ``torch.nn.functional.rms_norm``; ``eps=None``: the machine epsilon of the
+    computation's dtype, torch's rule (float32's for float16 and bfloat16 input, whose
+    own epsilons, 0.00098 and 0.0078, would swamp a small mean square)."""
     n = _normalized_ndim(input, normalized_shape)
-    eps = float(torch.finfo(input.dtype).eps if eps is None else eps)
+    if eps is None:
+        wide = input.dtype in (torch.float16, torch.bfloat16)
+        eps = torch.finfo(torch.float32 if wide else input.dtype).eps
+    eps = float(eps)
     path = eager.route(input, weight)
     if path == OP:
         return ops.rms_norm(input, n, weight, eps)[0]
@@ -68,6 +74,9 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     if input.dim() < 3:
         raise ValueError(f"input must be (N, C, L, ...) with at least one spatial "
                          f"dimension, got shape {tuple(input.shape)}")
+    if math.prod(input.shape[2:]) == 1:  # torch's check: one value has no variance
+        raise ValueError(f"Expected more than 1 spatial element when training, got input "
+                         f"size {input.size()}")
     eps = float(eps)
     path = eager.route(input, weight, bias)
     if path == OP:

@@ -10,23 +10,29 @@ the input) runs torch's forward instead: the module stays correct wherever the m
 goes.
 """
 
+import torch
 from torch import nn
 
 from normkernels.torch import functional as F
 from normkernels.torch.tensors import FLOATS
 
 
-def _ours(input, *params):
-    """Whether normkernels computes this call (else torch's forward does)."""
+def _ours(input, *params, mixed=False):
+    """Whether normkernels computes this call (else torch's forward does): parameters
+    of the input's dtype, or with ``mixed`` float32 parameters for 16-bit input (the
+    autocast case, which BatchNormalization's types allow)."""
     if input.device.type != "cpu" or input.dtype not in FLOATS:
         return False
-    return all(p is None or (p.device.type == "cpu" and p.dtype == input.dtype)
-               for p in params)
+    allowed = {input.dtype}
+    if mixed and input.dtype in (torch.float16, torch.bfloat16):
+        allowed.add(torch.float32)
+    return all(p is None or (p.device.type == "cpu" and p.dtype in allowed) for p in params)
 
 
 class _BatchNorm:
     def forward(self, input):
-        if not _ours(input, self.weight, self.bias):
+        if not _ours(input, self.weight, self.bias, self.running_mean, self.running_var,
+                     mixed=True):
             return super().forward(input)
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
