@@ -170,3 +170,32 @@ def test_an_inlined_overload_is_typed_not_compiled():
     assert inlined, sorted(rows)
     for name in inlined:
         assert rows[name]["lowering"] == 0 and rows[name]["LLVM"] == 0, (name, rows[name])
+
+
+def test_no_kernel_assigns_a_slice_from_an_array():
+    """The static side of the test above, over every kernel source: a slice assignment
+    whose value is not a constant (``t[:] = -0.0`` is a fill, no shape check)."""
+    import ast
+    import pathlib
+
+    import normkernels.kernels
+
+    def jitted(function):
+        return any("njit" in ast.unparse(d) for d in function.decorator_list)
+
+    found, scanned = [], set()
+    for path in sorted(pathlib.Path(normkernels.kernels.__file__).parent.glob("*.py")):
+        functions = [f for f in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(f, ast.FunctionDef) and jitted(f)]
+        scanned |= {f.name for f in functions}
+        for node in (n for f in functions for n in ast.walk(f)):
+            if not isinstance(node, ast.Assign):
+                continue
+            value = node.value.operand if isinstance(node.value, ast.UnaryOp) else node.value
+            for target in node.targets:
+                sliced = isinstance(target, ast.Subscript) and any(
+                    isinstance(n, ast.Slice) for n in ast.walk(target.slice))
+                if sliced and not isinstance(value, ast.Constant):
+                    found.append(f"{path.name}:{node.lineno}")
+    assert {"row_sums", "row_moment_sums", "rows_serial", "column_table"} <= scanned
+    assert found == []
