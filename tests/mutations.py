@@ -4,6 +4,7 @@
     python tests/mutations.py --list     # the mutations and the tests each runs
     python tests/mutations.py --check    # every replacement still applies (seconds)
     python tests/mutations.py NAME ...   # some of them (names or prefixes)
+    python tests/mutations.py --jobs 2   # two at a time, each on its own copy
 
 Each mutation is a set of exact text replacements in the package. The script copies
 the working tree to a temporary directory, runs the mutation's tests on the
@@ -19,12 +20,14 @@ kernel source).
 import argparse
 import hashlib
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -1090,6 +1093,8 @@ def main():
     parser.add_argument("--check", action="store_true",
                         help="only check that every replacement applies (seconds)")
     parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="mutations run at once, each on its own copy of the tree")
     args = parser.parse_args()
     chosen = [m for m in MUTATIONS
               if not args.names or any(m.name.startswith(n) for n in args.names)]
@@ -1107,45 +1112,64 @@ def main():
         print(f"{len(chosen)} mutations, every replacement applies")
         return 0
     work = Path(tempfile.mkdtemp(prefix="normkernels-mutations-"))
-    tree, cache_root = work / "tree", work / "numba-cache"
+    cache_root = work / "numba-cache"
+    trees = queue.Queue()  # one copy of the tree per job; a job takes one, then gives it back
+    for k in range(max(1, args.jobs)):
+        tree = work / f"tree{k}"
+        for rel in tracked_files():
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, tree / rel)
+        trees.put(tree)
     originals = {}
-    for rel in tracked_files():
-        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, tree / rel)
     for m in chosen:  # every replacement must still apply
         for path, old, _new in m.edits:
-            text = originals.setdefault(path, (tree / path).read_text())
+            text = originals.setdefault(path, (ROOT / path).read_text())
             if text.count(old) != 1:
                 sys.exit(f"{m.name}: the text to replace occurs {text.count(old)} times in "
                          f"{path} (expected once); update tests/mutations.py")
-    print(f"baseline: the mutations' tests on the unmutated tree ({tree})", flush=True)
-    suites = sorted({m.tests for m in chosen})
-    for tests in suites:
-        code, first, seconds = run_tests(tree, tests, cache_root, args.timeout)
-        if code != 0:
-            sys.exit(f"baseline fails ({' '.join(tests)}): {first}")
-        print(f"  passes in {seconds:5.0f} s: {' '.join(tests)}", flush=True)
-    survived = 0
-    print(f"\n{'mutation':36} {'result':8} {'s':>5}  first failing test")
-    for m in chosen:
-        for path, old, new in m.edits:
-            (tree / path).write_text((tree / path).read_text().replace(old, new))
+
+    def on_a_tree(work_item):
+        tree = trees.get()
         try:
-            code, first, seconds = run_tests(tree, m.tests, cache_root, args.timeout)
+            return work_item(tree)
         finally:
-            for path, _old, _new in m.edits:
-                (tree / path).write_text(originals[path])
-        if code == 1 or code is None:
-            result = "caught"
-        elif code == 0:
-            result, first, survived = "SURVIVED", "-", survived + 1
-        else:  # collection error, usage error: the mutation broke more than it meant to
-            result, survived = f"ERROR {code}", survived + 1
-        print(f"{m.name:36} {result:8} {seconds:5.0f}  {first}", flush=True)
+            trees.put(tree)
+
+    def baseline(tests):
+        return tests, on_a_tree(lambda tree: run_tests(tree, tests, cache_root, args.timeout))
+
+    def mutated(m):
+        def run(tree):
+            for path, old, new in m.edits:
+                (tree / path).write_text((tree / path).read_text().replace(old, new))
+            try:
+                return run_tests(tree, m.tests, cache_root, args.timeout)
+            finally:
+                for path, _old, _new in m.edits:
+                    (tree / path).write_text(originals[path])
+        return m, on_a_tree(run)
+
+    print(f"baseline: the mutations' tests on the unmutated tree ({work}, {args.jobs} jobs)",
+          flush=True)
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for tests, (code, first, seconds) in pool.map(baseline, sorted({m.tests
+                                                                        for m in chosen})):
+            if code != 0:
+                sys.exit(f"baseline fails ({' '.join(tests)}): {first}")
+            print(f"  passes in {seconds:5.0f} s: {' '.join(tests)}", flush=True)
+        survived = 0
+        print(f"\n{'mutation':36} {'result':8} {'s':>5}  first failing test")
+        for m, (code, first, seconds) in pool.map(mutated, chosen):
+            if code == 1 or code is None:
+                result = "caught"
+            elif code == 0:
+                result, first, survived = "SURVIVED", "-", survived + 1
+            else:  # collection error, usage error: the mutation broke more than it meant to
+                result, survived = f"ERROR {code}", survived + 1
+            print(f"{m.name:36} {result:8} {seconds:5.0f}  {first}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     print(f"\n{len(chosen) - survived} of {len(chosen)} planted bugs caught")
     return 1 if survived else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
