@@ -1048,6 +1048,12 @@ MUTATIONS = [
                  ("normkernels/torch/modules.py", "                     mixed=True):",
                   "                     mixed=False):")],
              ["tests/test_torch.py", "-k", "float32_parameters"]),
+    mutation("torch/swap-subclasses", "replace_modules swaps any subclass of a registered "
+             "class (a subclass may override forward)", [
+                 ("normkernels/torch/modules.py", "        ours = SWAPS.get(type(module))\n",
+                  "        ours = next((o for c, o in SWAPS.items() if isinstance(module, c)), "
+                  "None)\n")],
+             ["tests/test_torch.py", "-k", "register_swap"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "

@@ -289,6 +289,57 @@ def test_swapped_networks_train_like_torch(build, shape):
     assert nt.restore_modules(ours) == swapped
 
 
+def test_register_swap_adds_an_exact_class_and_restore_undoes_it(gen):
+    """A subclass of a torch.nn class is not swapped until registered (exact classes
+    only); registered ``like`` torch.nn.LayerNorm it computes through normkernels with
+    torch's result, keeps its parameters, and ``restore_modules`` gives its class
+    back. Registering checks its arguments; the docstring's example runs."""
+    import doctest
+
+    from normkernels.torch import modules
+
+    class Timmish(nn.LayerNorm):  # a model zoo's LayerNorm: torch's semantics
+        pass
+
+    class Sub(Timmish):
+        pass
+
+    model = nn.Sequential(Timmish(8), Sub(8), nn.LayerNorm(8))
+    assert nt.replace_modules(model) == ["2"]
+    nt.restore_modules(model)
+    ours = nt.register_swap(Timmish, like=nn.LayerNorm)
+    try:
+        weight = model[0].weight
+        x = torch.randn(3, 8, generator=gen)
+        want = model[0](x)
+        assert nt.replace_modules(model) == ["0", "2"]
+        assert type(model[0]) is ours and isinstance(model[0], Timmish)
+        assert model[0].weight is weight and type(model[1]) is Sub
+        calls = []
+        original = modules.F.layer_norm
+        modules.F.layer_norm = lambda *a, **k: calls.append(1) or original(*a, **k)
+        try:
+            got = model[0](x)
+        finally:
+            modules.F.layer_norm = original
+        assert calls == [1]
+        _close(got, want, torch.float32, "registered LayerNorm")
+        assert nt.restore_modules(model) == ["0", "2"]
+        assert type(model[0]) is Timmish
+    finally:
+        nt.unregister_swap(Timmish)
+    assert nt.replace_modules(model) == ["2"]
+    with pytest.raises(TypeError, match="ours must be a subclass of cls"):
+        nt.register_swap(Timmish, nt.GroupNorm)
+    with pytest.raises(ValueError, match="like must be one of"):
+        nt.register_swap(Timmish, like=nn.Linear)
+    with pytest.raises(TypeError, match="must subclass like"):
+        nt.register_swap(Timmish, like=nn.GroupNorm)
+    with pytest.raises(TypeError, match="not both or neither"):
+        nt.register_swap(Timmish)
+    assert doctest.testmod(modules).failed == 0
+
+
 def test_modules_fall_back_to_torch_where_normkernels_cannot_run(gen):
     """Parameters of another dtype than the input (autocast's mixed case): torch's
     forward, the same result as the torch module's."""

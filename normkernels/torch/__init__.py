@@ -2,7 +2,9 @@
 
 * ``normkernels.torch.replace_modules(model)``: swap every torch.nn BatchNorm,
   InstanceNorm, GroupNorm, LayerNorm and RMSNorm of a model for normkernels' (same
-  parameters, buffers and ``state_dict``; :func:`restore_modules` undoes it).
+  parameters, buffers and ``state_dict``; :func:`restore_modules` undoes it);
+  ``register_swap(cls, like=torch.nn.LayerNorm)`` adds a class with torch.nn's
+  semantics (an exact class: a subclass of it is not swapped).
 * The modules themselves (``BatchNorm2d``, ``LayerNorm``, ...) and the functions of
   ``torch.nn.functional`` with the same signatures (``layer_norm``, ``batch_norm``, ...).
 * The custom operators under ``torch.ops.normkernels`` (``layer_norm``, ``rms_norm``,
@@ -32,11 +34,13 @@ from normkernels.torch.modules import (
     InstanceNorm3d,
     LayerNorm,
     RMSNorm,
+    register_swap,
     replace_modules,
     restore_modules,
+    unregister_swap,
 )
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "GroupNorm", "InstanceNorm1d",
            "InstanceNorm2d", "InstanceNorm3d", "LayerNorm", "RMSNorm", "batch_norm",
-           "group_norm", "instance_norm", "layer_norm", "replace_modules", "restore_modules",
-           "rms_norm"]
+           "group_norm", "instance_norm", "layer_norm", "register_swap", "replace_modules",
+           "restore_modules", "rms_norm", "unregister_swap"]

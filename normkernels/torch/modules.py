@@ -80,44 +80,127 @@ class InstanceNorm3d(_InstanceNorm, nn.InstanceNorm3d):
     """``torch.nn.InstanceNorm3d`` computed by normkernels."""
 
 
-class GroupNorm(nn.GroupNorm):
-    """``torch.nn.GroupNorm`` computed by normkernels."""
-
+class _GroupNorm:
     def forward(self, input):
         if not _ours(input, self.weight, self.bias):
             return super().forward(input)
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
-class LayerNorm(nn.LayerNorm):
-    """``torch.nn.LayerNorm`` computed by normkernels."""
-
+class _LayerNorm:
     def forward(self, input):
         if not _ours(input, self.weight, self.bias):
             return super().forward(input)
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-class RMSNorm(nn.RMSNorm):
-    """``torch.nn.RMSNorm`` computed by normkernels."""
-
+class _RMSNorm:
     def forward(self, input):
         if not _ours(input, self.weight):
             return super().forward(input)
         return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
 
-SWAPS = {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d, nn.BatchNorm3d: BatchNorm3d,
-         nn.InstanceNorm1d: InstanceNorm1d, nn.InstanceNorm2d: InstanceNorm2d,
-         nn.InstanceNorm3d: InstanceNorm3d, nn.GroupNorm: GroupNorm, nn.LayerNorm: LayerNorm,
-         nn.RMSNorm: RMSNorm}
+class GroupNorm(_GroupNorm, nn.GroupNorm):
+    """``torch.nn.GroupNorm`` computed by normkernels."""
+
+
+class LayerNorm(_LayerNorm, nn.LayerNorm):
+    """``torch.nn.LayerNorm`` computed by normkernels."""
+
+
+class RMSNorm(_RMSNorm, nn.RMSNorm):
+    """``torch.nn.RMSNorm`` computed by normkernels."""
+
+
+# the forward of each torch.nn class, as a mixin a class with its semantics can take
+_FORWARDS = {nn.BatchNorm1d: _BatchNorm, nn.BatchNorm2d: _BatchNorm, nn.BatchNorm3d: _BatchNorm,
+             nn.InstanceNorm1d: _InstanceNorm, nn.InstanceNorm2d: _InstanceNorm,
+             nn.InstanceNorm3d: _InstanceNorm, nn.GroupNorm: _GroupNorm,
+             nn.LayerNorm: _LayerNorm, nn.RMSNorm: _RMSNorm}
+SWAPS = {}  # class -> normkernels' class (exact classes: what replace_modules swaps)
+_RESTORE = {}  # normkernels' class -> the class it was (kept after an unregister_swap)
+
+
+def register_swap(cls, ours=None, *, like=None):
+    """Have :func:`replace_modules` swap modules of exactly class ``cls``.
+
+    Parameters
+    ----------
+    cls : type
+        A ``torch.nn.Module`` class (a subclass of ``cls`` is not swapped: it may
+        override ``forward``).
+    ours : type, optional
+        The class to give them: a subclass of ``cls`` (the swap changes an instance's
+        class, so its parameters, buffers, hooks and ``state_dict`` stay).
+    like : type, optional
+        Instead of ``ours``: a torch.nn normalization class whose forward ``cls``
+        computes (``cls`` subclasses it and keeps its semantics, as timm's
+        ``LayerNorm`` keeps ``torch.nn.LayerNorm``'s); the class given is made from
+        normkernels' forward for ``like`` and ``cls``.
+
+    Returns
+    -------
+    type
+        The class swapped in.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> class MyNorm(torch.nn.LayerNorm):
+    ...     pass
+    >>> ours = nt.register_swap(MyNorm, like=torch.nn.LayerNorm)
+    >>> model = torch.nn.Sequential(MyNorm(8))
+    >>> nt.replace_modules(model), isinstance(model[0], MyNorm)
+    (['0'], True)
+    >>> nt.restore_modules(model), type(model[0]) is MyNorm
+    (['0'], True)
+    >>> nt.unregister_swap(MyNorm)
+    """
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise TypeError(f"register_swap: cls must be a torch.nn.Module class, got {cls!r}")
+    if (ours is None) == (like is None):
+        raise TypeError("register_swap: give ours (a subclass of cls) or like (a torch.nn "
+                        "normalization class), not both or neither")
+    if like is not None:
+        if like not in _FORWARDS:
+            raise ValueError(f"register_swap: like must be one of "
+                             f"{', '.join(c.__name__ for c in _FORWARDS)}, got {like!r}")
+        if not issubclass(cls, like):
+            raise TypeError(f"register_swap: cls {cls.__name__} must subclass like "
+                            f"({like.__name__}): normkernels' forward reads its attributes")
+        ours = type(cls.__name__, (_FORWARDS[like], cls),
+                    {"__module__": __name__, "__qualname__": cls.__qualname__,
+                     "__doc__": f"``{cls.__module__}.{cls.__qualname__}`` computed by "
+                                f"normkernels (the semantics of torch.nn.{like.__name__})."})
+    elif not (isinstance(ours, type) and issubclass(ours, cls)):
+        raise TypeError(f"register_swap: ours must be a subclass of cls ({cls.__name__}): "
+                        f"the swap changes an instance's class, got {ours!r}")
+    SWAPS[cls] = ours
+    _RESTORE[ours] = cls
+    return ours
+
+
+def unregister_swap(cls):
+    """Stop swapping ``cls`` (modules already swapped are still restored)."""
+    SWAPS.pop(cls, None)
+
+
+for _theirs, _ours_class in {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d,
+                             nn.BatchNorm3d: BatchNorm3d, nn.InstanceNorm1d: InstanceNorm1d,
+                             nn.InstanceNorm2d: InstanceNorm2d,
+                             nn.InstanceNorm3d: InstanceNorm3d, nn.GroupNorm: GroupNorm,
+                             nn.LayerNorm: LayerNorm, nn.RMSNorm: RMSNorm}.items():
+    register_swap(_theirs, _ours_class)
 
 
 def replace_modules(model):
-    """Swap every torch.nn normalization module of ``model`` (itself included) for
-    normkernels' in place, keeping its parameters, buffers and hooks; returns the
-    names of the swapped modules. Only exact torch.nn classes are swapped (a subclass
-    may override ``forward``); :func:`restore_modules` undoes it."""
+    """Swap every normalization module of ``model`` (itself included) whose class is
+    registered (torch.nn's, and those of :func:`register_swap`) for normkernels' in
+    place, keeping its parameters, buffers and hooks; returns the names of the swapped
+    modules. Only exact classes are swapped (a subclass may override ``forward``);
+    :func:`restore_modules` undoes it."""
     swapped = []
     for name, module in model.named_modules():
         ours = SWAPS.get(type(module))
@@ -128,12 +211,11 @@ def replace_modules(model):
 
 
 def restore_modules(model):
-    """Give every normkernels module of ``model`` back its torch.nn class; returns the
-    names restored."""
-    back = {ours: theirs for theirs, ours in SWAPS.items()}
+    """Give every normkernels module of ``model`` back its class; returns the names
+    restored."""
     restored = []
     for name, module in model.named_modules():
-        theirs = back.get(type(module))
+        theirs = _RESTORE.get(type(module))
         if theirs is not None:
             module.__class__ = theirs
             restored.append(name)
