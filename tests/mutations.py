@@ -163,10 +163,12 @@ MUTATIONS = [
                  (VECTORS, "    return result\n\n\ndef storage_codec",
                   "    return fast\n\n\ndef storage_codec")],
              ["tests/test_kernels.py", "-k", "subnormal"]),
-    mutation("per-sample-parameters-mixed", "NXC instance norm, one call per sample: every "
-             "sample normalized with sample 0's parameters", [
+    mutation("per-sample-parameters-mixed", "NXC instance rows, one call per sample, with "
+             "parameters per (n, c) (AdaGroupNorm): every sample normalized with sample 0's "
+             "parameters", [
                  (ENGINE, "cs, gs = slice(n * C, (n + 1) * C), slice(n * G, (n + 1) * G)",
-                  "cs, gs = slice(0, C), slice(n * G, (n + 1) * G)")], INSTANCE),
+                  "cs, gs = slice(0, C), slice(n * G, (n + 1) * G)")],
+             ["tests/test_ada_layer_norm.py", "-k", "sample_by_sample"]),
     mutation("rows-sample-parameters-mixed", "NXC instance norm, one launch: every sample "
              "with sample 0's parameters", [
                  (INSTANCE_K, "        mn = m[n * C:(n + 1) * C]\n", "        mn = m[0:C]\n")],
