@@ -65,14 +65,18 @@ def test_rms_rounding_matches_its_oracle(rng, rounding, dtype, shape):
     assert_close(got, exact, tol)
 
 
+@pytest.mark.parametrize("path", ["serial", "parallel", "streaming"])
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
-def test_llama_is_the_rounded_unit_normalization_times_the_weight(rng, dtype):
+def test_llama_is_the_rounded_unit_normalization_times_the_weight(rng, dtype, path):
     """Bit for bit: Llama's Y is the once-rounded normalization with unit weight (the
     normalized value rounded to T), multiplied by w in T's arithmetic: torch's
-    ``w * x_hat.to(dtype)``. For 16-bit T a quarter of the values differ from "once"."""
+    ``w * x_hat.to(dtype)``. For 16-bit T a quarter of the values differ from "once".
+    On each path: the serial one is the table-free row loop, the others the row
+    kernels' vector bodies and scalar heads and tails (203: both)."""
     x, w = _data(rng, (6, 203), dtype, offset=3.0)
-    unit = nk.rms_normalization(x, np.ones_like(w), epsilon=EPS)
-    llama = nk.rms_normalization(x, w, epsilon=EPS, rounding="llama")
+    unit = rms_spec.rms_normalization(x, np.ones_like(w), epsilon=EPS, engine=ENGINE, path=path)
+    llama = rms_spec.rms_normalization(x, w, epsilon=EPS, rounding="llama", engine=ENGINE,
+                                       path=path)
     assert_identical(llama, _mul_in(dtype, unit, w))
     once = nk.rms_normalization(x, w, epsilon=EPS)
     if dtype.itemsize == 2:
