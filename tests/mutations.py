@@ -88,6 +88,7 @@ CACHE = "normkernels/kernels/cache.py"
 ROWS_K = "normkernels/kernels/rows.py"
 ROWS_SPEC = "normkernels/ops/rows.py"
 ROW_VECTORS = "normkernels/kernels/row_vectors.py"
+ZOO = "normkernels/torch/zoo.py"
 LN_SPEC = "normkernels/ops/layer_normalization.py"
 GN_SPEC = "normkernels/ops/group_normalization.py"
 MVN_SPEC = "normkernels/ops/mean_variance_normalization.py"
@@ -1047,15 +1048,48 @@ MUTATIONS = [
              ["tests/test_torch.py", "-k", "errors_name"]),
     mutation("torch/bn-mixed-to-torch", "BatchNorm modules with float32 parameters on "
              "16-bit input run torch's forward (its strided path rounds the gradients)", [
-                 ("normkernels/torch/modules.py", "                     mixed=True):",
-                  "                     mixed=False):")],
+                 ("normkernels/torch/modules.py", "                mixed=True)",
+                  "                mixed=False)")],
              ["tests/test_torch.py", "-k", "float32_parameters"]),
     mutation("torch/swap-subclasses", "replace_modules swaps any subclass of a registered "
              "class (a subclass may override forward)", [
-                 ("normkernels/torch/modules.py", "        ours = SWAPS.get(type(module))\n",
+                 ("normkernels/torch/modules.py", "        ours = SWAPS.get(cls)\n",
                   "        ours = next((o for c, o in SWAPS.items() if isinstance(module, c)), "
                   "None)\n")],
              ["tests/test_torch.py", "-k", "register_swap"]),
+    mutation("zoo/llama-rounds-once", "transformers' Llama RMSNorm swapped for a forward "
+             "that rounds once (not weight * x_hat.to(dtype))", [
+                 (ZOO, '        y = _rms(hidden_states, self.weight, self.variance_epsilon, '
+                  '"llama")\n        return super().forward(hidden_states) if y is None else y\n'
+                  '\n\nclass _T5LayerNorm:',
+                  '        y = _rms(hidden_states, self.weight, self.variance_epsilon, '
+                  '"once")\n        return super().forward(hidden_states) if y is None else y\n'
+                  '\n\nclass _T5LayerNorm:')],
+             ["tests/test_torch_zoo.py", "-k", "match_their_forward and llama-bfloat16"]),
+    mutation("zoo/gemma-offset-dropped", "Gemma's 1 + weight computed as weight", [
+                 (ZOO, "        y = _rms(x, self.weight, self.eps, offset=1.0)",
+                  "        y = _rms(x, self.weight, self.eps, offset=0.0)")],
+             ["tests/test_torch_zoo.py", "-k", "match_their_forward and gemma-float32"]),
+    mutation("zoo/float64-computed", "a float64 input to a class that computes in float32 "
+             "is computed in float64", [
+                 (ZOO, "_FLOAT32_COMPUTED = (torch.float16, torch.bfloat16, torch.float32)",
+                  "_FLOAT32_COMPUTED = (torch.float16, torch.bfloat16, torch.float32, "
+                  "torch.float64)")],
+             ["tests/test_torch_zoo.py", "-k", "float64_and_foreign"]),
+    mutation("zoo/inherited-forward", "a subclass that inherits a zoo class's forward is "
+             "recognized by it (it may change what the forward calls)", [
+                 (ZOO, '    if "forward" not in cls.__dict__:\n        return None\n', ""),
+                 (ZOO, "        fn = cls.__dict__.get(name)",
+                  "        fn = getattr(cls, name, None)")],
+             ["tests/test_torch_zoo.py", "-k", "digests_recognize"]),
+    mutation("zoo/outside-the-zoos", "a user's class with a zoo's code is swapped", [
+                 (ZOO, "    if cls.__module__.startswith(ZOOS):", "    if True:")],
+             ["tests/test_torch_zoo.py", "-k", "digests_recognize"]),
+    mutation("zoo/unregister-ignored", "unregister_swap does not stop the zoo's finder", [
+                 ("normkernels/torch/modules.py",
+                  "        if ours is None and cls not in _DECLINED:",
+                  "        if ours is None:")],
+             ["tests/test_torch_zoo.py", "-k", "unregister"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "

@@ -4,7 +4,10 @@
   InstanceNorm, GroupNorm, LayerNorm and RMSNorm of a model for normkernels' (same
   parameters, buffers and ``state_dict``; :func:`restore_modules` undoes it);
   ``register_swap(cls, like=torch.nn.LayerNorm)`` adds a class with torch.nn's
-  semantics (an exact class: a subclass of it is not swapped).
+  semantics (an exact class: a subclass of it is not swapped). The normalization
+  classes of timm, transformers and diffusers models are swapped too, recognized by
+  their code (``normkernels.torch.zoo``: Llama's RMSNorm and its copies, Gemma's,
+  T5's, timm's LayerNorm2d and norm + activation modules, ...).
 * The modules themselves (``BatchNorm2d``, ``LayerNorm``, ...) and the functions of
   ``torch.nn.functional`` with the same signatures (``layer_norm``, ``batch_norm``, ...).
 * The custom operators under ``torch.ops.normkernels`` (``layer_norm``, ``rms_norm``,
@@ -17,6 +20,7 @@ views of their memory, channels_last included); outputs are allocated by torch i
 input's memory format.
 """
 
+from normkernels.torch import zoo  # noqa: F401 (replace_modules then finds the zoos' classes)
 from normkernels.torch.functional import (
     batch_norm,
     group_norm,

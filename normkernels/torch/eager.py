@@ -71,6 +71,26 @@ class RMSNorm(torch.autograd.Function):
         return dx, _keep(dw, w is not None), None, None
 
 
+class RoundedRMSNorm(torch.autograd.Function):
+    """RMSNorm over the last axis with ``rounding`` and ``offset`` (the zoos' classes);
+    the backward recomputes the statistics from x (the forward keeps none) and takes
+    the scale ``offset + weight`` in float32 (Gemma's arithmetic)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, rounding, offset):
+        ctx.save_for_backward(x, weight)
+        ctx.eps, ctx.offset = eps, offset
+        return ops.rms_norm_y(x, 1, weight, eps, rounding, offset)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        scale = w if w is None or not ctx.offset else w.float() + ctx.offset
+        dx, dw = ops.rms_norm_backward_impl(dy, x, scale, None, 1, ctx.eps)
+        return dx, None if w is None else dw.to(w.dtype), None, None, None
+
+
 class GroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, groups, eps):

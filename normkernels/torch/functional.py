@@ -51,6 +51,19 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
                        lambda: ops.rms_norm_y(input, n, weight, eps))
 
 
+def rounded_rms_norm(input, weight, eps, rounding="once", offset=0.0):
+    """RMSNorm over the last axis by :func:`normkernels.rms_normalization`'s
+    ``rounding`` and ``offset`` (the zoos' RMSNorm classes: ``rounding="llama"`` is
+    ``weight * x_hat.to(dtype)``, ``offset=1`` Gemma's ``1 + weight``); None where the
+    dispatcher must see the call (a module then runs its own forward)."""
+    path = eager.route(input, weight)
+    if path == OP:
+        return None
+    if path == GRAD:
+        return eager.RoundedRMSNorm.apply(input, weight, float(eps), rounding, offset)
+    return ops.rms_norm_y(input, 1, weight, float(eps), rounding, offset)
+
+
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """As ``torch.nn.functional.group_norm``."""
     if input.dim() < 2:

@@ -17,7 +17,7 @@ from normkernels.torch import functional as F
 from normkernels.torch.tensors import FLOATS
 
 
-def _ours(input, *params, mixed=False):
+def ours(input, *params, mixed=False):
     """Whether normkernels computes this call (else torch's forward does): parameters
     of the input's dtype, or with ``mixed`` float32 parameters for 16-bit input (the
     autocast case, which BatchNormalization's types allow)."""
@@ -29,22 +29,33 @@ def _ours(input, *params, mixed=False):
     return all(p is None or (p.device.type == "cpu" and p.dtype in allowed) for p in params)
 
 
+def ours_batch_norm(module, input):
+    """Whether normkernels computes ``module``'s BatchNorm of ``input``."""
+    return ours(input, module.weight, module.bias, module.running_mean, module.running_var,
+                mixed=True)
+
+
+def batch_norm(self, input):
+    """torch.nn's BatchNorm forward of module ``self`` (its statistics, buffers and
+    momentum rules) computed by normkernels."""
+    self._check_input_dim(input)
+    factor = 0.0 if self.momentum is None else self.momentum
+    if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+        self.num_batches_tracked.add_(1)
+        if self.momentum is None:  # a cumulative moving average
+            factor = 1.0 / float(self.num_batches_tracked)
+    batch_stats = self.training or (self.running_mean is None and self.running_var is None)
+    keep = not self.training or self.track_running_stats
+    return F.batch_norm(input, self.running_mean if keep else None,
+                        self.running_var if keep else None, self.weight, self.bias,
+                        batch_stats, factor, self.eps)
+
+
 class _BatchNorm:
     def forward(self, input):
-        if not _ours(input, self.weight, self.bias, self.running_mean, self.running_var,
-                     mixed=True):
+        if not ours_batch_norm(self, input):
             return super().forward(input)
-        self._check_input_dim(input)
-        factor = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # a cumulative moving average
-                factor = 1.0 / float(self.num_batches_tracked)
-        batch_stats = self.training or (self.running_mean is None and self.running_var is None)
-        keep = not self.training or self.track_running_stats
-        return F.batch_norm(input, self.running_mean if keep else None,
-                            self.running_var if keep else None, self.weight, self.bias,
-                            batch_stats, factor, self.eps)
+        return batch_norm(self, input)
 
 
 class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
@@ -61,7 +72,7 @@ class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
 
 class _InstanceNorm:
     def forward(self, input):
-        if self.track_running_stats or not _ours(input, self.weight, self.bias) \
+        if self.track_running_stats or not ours(input, self.weight, self.bias) \
                 or input.dim() != self._get_no_batch_dim() + 1:
             return super().forward(input)
         return F.instance_norm(input, weight=self.weight, bias=self.bias, eps=self.eps)
@@ -82,21 +93,21 @@ class InstanceNorm3d(_InstanceNorm, nn.InstanceNorm3d):
 
 class _GroupNorm:
     def forward(self, input):
-        if not _ours(input, self.weight, self.bias):
+        if not ours(input, self.weight, self.bias):
             return super().forward(input)
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
 
 class _LayerNorm:
     def forward(self, input):
-        if not _ours(input, self.weight, self.bias):
+        if not ours(input, self.weight, self.bias):
             return super().forward(input)
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
 class _RMSNorm:
     def forward(self, input):
-        if not _ours(input, self.weight):
+        if not ours(input, self.weight):
             return super().forward(input)
         return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
 
@@ -120,6 +131,8 @@ _FORWARDS = {nn.BatchNorm1d: _BatchNorm, nn.BatchNorm2d: _BatchNorm, nn.BatchNor
              nn.LayerNorm: _LayerNorm, nn.RMSNorm: _RMSNorm}
 SWAPS = {}  # class -> normkernels' class (exact classes: what replace_modules swaps)
 _RESTORE = {}  # normkernels' class -> the class it was (kept after an unregister_swap)
+_DECLINED = set()  # classes unregistered: no finder swaps them
+FINDERS = []  # functions of a class: normkernels' class for it, or None (normkernels.torch.zoo)
 
 
 def register_swap(cls, ours=None, *, like=None):
@@ -179,12 +192,15 @@ def register_swap(cls, ours=None, *, like=None):
                         f"the swap changes an instance's class, got {ours!r}")
     SWAPS[cls] = ours
     _RESTORE[ours] = cls
+    _DECLINED.discard(cls)
     return ours
 
 
 def unregister_swap(cls):
-    """Stop swapping ``cls`` (modules already swapped are still restored)."""
+    """Stop swapping ``cls`` (modules already swapped are still restored), a model
+    zoo's class too."""
     SWAPS.pop(cls, None)
+    _DECLINED.add(cls)
 
 
 for _theirs, _ours_class in {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d,
@@ -197,13 +213,17 @@ for _theirs, _ours_class in {nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchN
 
 def replace_modules(model):
     """Swap every normalization module of ``model`` (itself included) whose class is
-    registered (torch.nn's, and those of :func:`register_swap`) for normkernels' in
+    registered (torch.nn's, those of :func:`register_swap`, and the model zoos'
+    classes :mod:`normkernels.torch.zoo` recognizes) for normkernels' in
     place, keeping its parameters, buffers and hooks; returns the names of the swapped
     modules. Only exact classes are swapped (a subclass may override ``forward``);
     :func:`restore_modules` undoes it."""
     swapped = []
     for name, module in model.named_modules():
-        ours = SWAPS.get(type(module))
+        cls = type(module)
+        ours = SWAPS.get(cls)
+        if ours is None and cls not in _DECLINED:
+            ours = next(filter(None, (find(cls) for find in FINDERS)), None)
         if ours is not None:
             module.__class__ = ours
             swapped.append(name)

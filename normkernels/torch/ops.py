@@ -93,22 +93,26 @@ def rms_norm_impl(x: Tensor, normalized_ndim: int, weight: Tensor | None,
     return y, tensor(rstd)
 
 
-def rms_norm_y(x, normalized_ndim, weight, eps):
-    """:func:`rms_norm_impl`'s y alone."""
+def rms_norm_y(x, normalized_ndim, weight, eps, rounding="once", offset=0.0):
+    """:func:`rms_norm_impl`'s y alone; ``rounding`` and ``offset`` as
+    :func:`normkernels.rms_normalization`'s (the model zoos' RMSNorm classes)."""
     X = array(x, "input")
     y = torch.empty_like(x)
     api.rms_normalization(X, _scale(weight, x, _tail(x, normalized_ndim)),
-                          axis=X.ndim - normalized_ndim, epsilon=eps, out=array(y, "out"))
+                          axis=X.ndim - normalized_ndim, epsilon=eps, rounding=rounding,
+                          offset=offset, out=array(y, "out"))
     return y
 
 
-def rms_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor,
-                           normalized_ndim: int) -> tuple[Tensor, Tensor]:
+def rms_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: Tensor | None,
+                           normalized_ndim: int, eps: float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(dx, dweight)``; ``rstd`` None: recomputed from x with ``eps``."""
     X = array(x, "input")
     dx = torch.empty_like(x)
     _, dw = api.rms_normalization_backward(
         array(dy, "grad"), X, _scale(weight, x, _tail(x, normalized_ndim)),
-        axis=X.ndim - normalized_ndim, inv_std=array(rstd, "rstd"), out=array(dx, "out"))
+        axis=X.ndim - normalized_ndim, epsilon=eps, inv_std=optional(rstd, "rstd"),
+        out=array(dx, "out"))
     return dx, tensor(dw)
 
 
