@@ -1090,6 +1090,11 @@ MUTATIONS = [
                   "        if ours is None and cls not in _DECLINED:",
                   "        if ours is None:")],
              ["tests/test_torch_zoo.py", "-k", "unregister"]),
+    mutation("direct/llama-dropped", "the adapter's direct route rounds once under Llama's "
+             "rounding", [
+                 ("normkernels/engine/numba_bind.py", '        llama = rounding == "llama"\n',
+                  "        llama = False\n")],
+             ["tests/test_torch.py", "-k", "direct_route"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "

@@ -4,6 +4,8 @@ forward and backward, running statistics), replace_modules on small networks tra
 side by side, torch.compile through the fakes, and the errors. Skipped without torch
 (``pip install torch==2.13.0``, a CPU build); .ci/run installs it."""
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ import torch.nn.functional as TF  # noqa: E402
 from torch import nn  # noqa: E402
 
 import normkernels.torch as nt  # noqa: E402
-from normkernels.torch import ops, tensors  # noqa: E402
+from normkernels.torch import functional, ops, tensors  # noqa: E402
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 IDS = ["float32", "float64", "bfloat16", "float16"]
@@ -479,7 +481,21 @@ def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, d
         (lambda x: nt.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias),
          lambda x: ops.batch_norm_inference(x, bn.weight, bn.bias, bn.running_mean,
                                             bn.running_var, 1e-5), (2, 6, *HW), bn),
+        # a few rows: the table-free kernel; Llama's rounding (the zoos' RMSNorm classes)
+        (lambda x: nt.layer_norm(x, (K,), ln.weight, ln.bias),
+         lambda x: ops.layer_norm(x, 1, ln.weight, ln.bias, 1e-5)[0], (2, K), ln),
+        (lambda x: functional.rounded_rms_norm(x, rms.weight, 1e-5, "llama"),
+         lambda x: ops.rms_norm_y(x, 1, rms.weight, 1e-5, "llama"), (3, 25, K), rms),
+        (lambda x: functional.rounded_rms_norm(x, rms.weight, 1e-5, "llama"),
+         lambda x: ops.rms_norm_y(x, 1, rms.weight, 1e-5, "llama"), (2, K), rms),
     ]
+    if dtype in (torch.float16, torch.bfloat16):  # float32 parameters (autocast's)
+        bn32 = copy.deepcopy(bn).float()
+        calls.append((lambda x: nt.batch_norm(x, bn32.running_mean, bn32.running_var,
+                                              bn32.weight, bn32.bias),
+                      lambda x: ops.batch_norm_inference(x, bn32.weight, bn32.bias,
+                                                         bn32.running_mean, bn32.running_var,
+                                                         1e-5), (2, 6, *HW), bn32))
     with torch.no_grad():
         for ours, op, shape, module in calls:
             for step in range(6):
@@ -487,10 +503,10 @@ def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, d
                 if step == 2:
                     module.weight.mul_(-1.5)  # in place
                 if step == 3:
-                    module.weight.data = r(*module.weight.shape)  # new memory
+                    module.weight.data = r(*module.weight.shape).to(module.weight.dtype)
                 if step == 4:
                     x = r(*shape[:-1], 2 * shape[-1])[..., ::2]  # other strides
                 got, want = ours(x), op(x)
                 assert got.dtype == x.dtype and got.shape == x.shape
                 assert torch.equal(got, want), (shape, step)
-    assert len([p for p in direct._prepared.values() if p]) == 3, "no direct route"
+    assert len([p for p in direct._prepared.values() if p]) == len(calls), "no direct route"

@@ -8,7 +8,13 @@ import numpy as np
 from normkernels.dtypes import compute_dtype, storage_alias
 from normkernels.engine import policy
 from normkernels.engine.lazy import lazy
-from normkernels.engine.numba_launch import flat_rows, in_place_add, nothing, table_free
+from normkernels.engine.numba_launch import (
+    TABLE_FREE_ROWS,
+    flat_rows,
+    in_place_add,
+    nothing,
+    table_free,
+)
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
 from normkernels.kernels.activations import NONE, marker
@@ -123,44 +129,71 @@ class BoundCalls:
     # --- direct calls: the serial kernel for arrays given at each call (an adapter that
     # has checked their metadata once, and allocates its outputs fresh) ---
 
-    def direct_rows(self, M, K, storage, centered):
-        """``run(xs, ys, scale, B, epsilon)`` over flat C-contiguous arrays of ``M`` rows
-        of ``K`` in the ``storage`` dtype (``B`` empty: none): one compiled serial call
-        up to the serial size, above it the engine's call (its path decided per call)."""
+    def direct_rows(self, M, K, storage, centered, rounding="once"):
+        """``run(xs, ys, scale, B, epsilon)`` over flat C-contiguous aligned arrays of
+        ``M`` rows of ``K`` in the ``storage`` dtype (``B`` empty: none): one compiled
+        serial call up to the serial size (its entry point: the dispatcher's typing of
+        the arguments cost 3.5 of a (1, 64) LayerNorm's 4.2 us), above it the engine's
+        call (its path decided per call)."""
         if M * K == 0:
             return None
         if M * K > policy.SERIAL_MAX_ELEMENTS:
             def engine_call(xs, ys, scale, B, epsilon):
                 self.normalize_rows(xs.reshape(M, K), ys.reshape(M, K), scale,
-                                    B if B.size else None, epsilon, centered)
+                                    B if B.size else None, epsilon, centered,
+                                    rounding=rounding)
             return engine_call
+        xs, s = np.empty(M * K, storage), np.empty(K, storage)
+        llama = rounding == "llama"
+        if M <= TABLE_FREE_ROWS:  # table_free: no skip, no epilogue, Y of X's dtype
+            kernel = fused_add.plain_rows_serial if centered else fused_add.plain_rms_rows_serial
+            run = entry_point(kernel, (xs, K, xs, K, K, s, s[:0], 1.0, llama, np.empty(M),
+                                       np.empty(M)))
+            return lambda xs, ys, scale, B, epsilon: run(xs, K, ys, K, K, scale, B, epsilon,
+                                                         llama, np.empty(M), np.empty(M))
         kernel = rows.rows_serial if centered else rows.rms_rows_serial
-        none = nothing(storage)
+        none, act = nothing(storage), marker(NONE, rounding)
+        run = entry_point(kernel, (xs, K, xs, K, K, s, s[:0], 1.0, np.empty(M), np.empty(M),
+                                   None, s[:0], none, 0, None, act))
+        return lambda xs, ys, scale, B, epsilon: run(xs, K, ys, K, K, scale, B, epsilon,
+                                                     np.empty(M), np.empty(M), None,
+                                                     scale[:0], none, 0, None, act)
 
-        def run(xs, ys, scale, B, epsilon):
-            kernel(xs, K, ys, K, K, scale, B, epsilon, np.empty(M), np.empty(M), None,
-                   scale[:0], none, 0, None, NONE)
-
-        return run
-
-    def direct_inference(self, C, S, itemsize, size):
+    def direct_inference(self, C, S, storage, size, params):
         """``run(xs, ys, scale, B, mean, var, epsilon)`` for per-channel inference over
-        flat C-contiguous storage arrays (channel ``(i // S) % C``), one compiled serial
-        call up to the serial size, above it the engine's call."""
+        flat C-contiguous aligned arrays of the ``storage`` dtype (channel ``(i // S) %
+        C``; the four parameters of the storage dtypes ``params``), one compiled serial
+        call (its entry point) up to the serial size, above it the engine's call."""
         if size == 0:
             return None
         if size > policy.NORMALIZE_SERIAL_MAX_ELEMENTS:
             def engine_call(xs, ys, p0, p1, p2, p3, eps):
                 self.inference(xs, ys, C, S, p0, p1, p2, p3, eps)
             return engine_call
-        period = policy.inference_period(C, S, itemsize, size)
+        period = policy.inference_period(C, S, np.dtype(storage).itemsize, size)
+        xs, p = np.empty(size, storage), [np.empty(C, d) for d in params]
         if period == 0:
-            kernel = inference.normalize_planes_serial
-            return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
-                                                              False, None, NONE)
-        kernel = inference.normalize_periodic_serial
-        return lambda xs, ys, p0, p1, p2, p3, eps: kernel(xs, ys, C, S, p0, p1, p2, p3, eps,
-                                                          period, False, None, NONE)
+            run = entry_point(inference.normalize_planes_serial,
+                              (xs, xs, C, S, *p, 1.0, False, None, NONE))
+            return lambda xs, ys, p0, p1, p2, p3, eps: run(xs, ys, C, S, p0, p1, p2, p3, eps,
+                                                           False, None, NONE)
+        run = entry_point(inference.normalize_periodic_serial,
+                          (xs, xs, C, S, *p, 1.0, period, False, None, NONE))
+        return lambda xs, ys, p0, p1, p2, p3, eps: run(xs, ys, C, S, p0, p1, p2, p3, eps,
+                                                       period, False, None, NONE)
+
+
+def entry_point(kernel, sample):
+    """``kernel``'s compiled entry point for the types of the ``sample`` arguments (a
+    call that skips the dispatcher's typing of each argument: an activation marker's
+    alone costs 2 us). Its caller passes arguments of exactly those types: arrays of
+    the same dtype, rank, layout and flags (writeable, aligned) as the sample's."""
+    import numba
+
+    signature = tuple(numba.typeof(a) for a in sample)
+    kernel.compile(signature)  # or loads it from the disk cache; runs nothing
+    entry = kernel.overloads.get(signature)
+    return kernel if entry is None else entry.entry_point
 
 
 def compiled_call(kernel, args):

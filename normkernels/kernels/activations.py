@@ -145,9 +145,16 @@ class _ActivationModel(models.OpaqueModel):
     pass
 
 
+_TYPES = {}  # (kind, rounding) -> its type: the dispatcher types a marker per call
+
+
 @typeof_impl.register(Activation)
 def _typeof_activation(val, c):
-    return ActivationType(val.kind, val.rounding)
+    key = val.kind, val.rounding
+    typ = _TYPES.get(key)
+    if typ is None:
+        typ = _TYPES[key] = ActivationType(*key)
+    return typ
 
 
 @unbox(ActivationType)

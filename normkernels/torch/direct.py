@@ -54,13 +54,19 @@ class Prepared:
         if kept is not None and kept[0]() is t and kept[1] == t.data_ptr():
             return kept[2]
         view = _flat(t, name)
+        if not view.flags.aligned:  # read only: an aligned copy computes the same
+            view = np.require(view, requirements="A")
         self.views[k] = (weakref.ref(t), t.data_ptr(), view)
         return view
 
     def io(self, x):
-        """(x's flat storage view, a new output tensor like x, its flat view)."""
+        """(x's flat storage view, a new output tensor like x, its flat view); None for
+        x's view where it is not aligned (the compiled call was made for aligned
+        arrays: a tensor over a NumPy array's odd address)."""
         xs = (x.detach() if x.requires_grad else x)
         xs = (xs.view(torch.int16) if self.bf16 else xs).numpy().reshape(-1)
+        if not xs.flags.aligned:
+            return None, None, None
         ys = np.empty(x.shape, xs.dtype)
         y = torch.from_numpy(ys)
         if self.bf16:
@@ -68,23 +74,26 @@ class Prepared:
         return xs.view(self.storage), y, ys.reshape(-1).view(self.storage)
 
 
-def rows(x, n, weight, bias, eps, centered, full):
-    """Y of a row normalization (LayerNorm ``centered``, else RMSNorm); ``full()`` runs
-    the full path (and proves the metadata) when there is no prepared call."""
-    key = ("rows", centered, n, eps, _meta(x), _meta(weight), _meta(bias))
+def rows(x, n, weight, bias, eps, centered, full, rounding="once"):
+    """Y of a row normalization (LayerNorm ``centered``, else RMSNorm; ``rounding`` as
+    :func:`normkernels.rms_normalization`'s); ``full()`` runs the full path (and
+    proves the metadata) when there is no prepared call."""
+    key = ("rows", centered, n, eps, rounding, _meta(x), _meta(weight), _meta(bias))
     prepared = _prepared.get(key)
     if not prepared:  # unknown, or known not to have a direct route (False)
         y = full()
         if prepared is None:
-            _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered))
+            _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered, rounding))
         return y
     xs, y, ys = prepared.io(x)
+    if xs is None:
+        return full()
     s = prepared.param(0, weight, "weight")
     prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps)
     return y
 
 
-def _rows(x, n, weight, bias, eps, centered):
+def _rows(x, n, weight, bias, eps, centered, rounding):
     if weight is None or not eps or not x.is_contiguous():
         return None
     K = math.prod(x.shape[x.dim() - n:])
@@ -92,7 +101,7 @@ def _rows(x, n, weight, bias, eps, centered):
         if p is not None and (p.dtype != x.dtype or not p.is_contiguous() or p.numel() != K):
             return None
     storage = STORAGE_DTYPE[numpy_dtype(x.dtype)]
-    run = ENGINE.direct_rows(x.numel() // K, K, storage, centered)
+    run = ENGINE.direct_rows(x.numel() // K, K, storage, centered, rounding)
     return None if run is None else Prepared(run, 2, x)
 
 
@@ -106,6 +115,8 @@ def inference(x, weight, bias, mean, var, eps, full):
             _prepare(key, lambda: _inference(x, weight, bias, mean, var, eps))
         return y
     xs, y, ys = prepared.io(x)
+    if xs is None:
+        return full()
     prepared.run(xs, ys, prepared.param(0, weight, "weight"), prepared.param(1, bias, "bias"),
                  prepared.param(2, mean, "running_mean"), prepared.param(3, var, "running_var"),
                  eps)
@@ -116,8 +127,10 @@ def _inference(x, weight, bias, mean, var, eps):
     if any(p is None or not p.is_contiguous() for p in (weight, bias, mean, var)) or not eps \
             or not x.is_contiguous() or x.dim() < 2:
         return None
-    run = ENGINE.direct_inference(x.shape[1], math.prod(x.shape[2:]), x.element_size(),
-                                  x.numel())
+    run = ENGINE.direct_inference(x.shape[1], math.prod(x.shape[2:]),
+                                  STORAGE_DTYPE[numpy_dtype(x.dtype)], x.numel(),
+                                  [STORAGE_DTYPE[numpy_dtype(p.dtype)]
+                                   for p in (weight, bias, mean, var)])
     return None if run is None else Prepared(run, 4, x)
 
 

@@ -61,7 +61,10 @@ def rounded_rms_norm(input, weight, eps, rounding="once", offset=0.0):
         return None
     if path == GRAD:
         return eager.RoundedRMSNorm.apply(input, weight, float(eps), rounding, offset)
-    return ops.rms_norm_y(input, 1, weight, float(eps), rounding, offset)
+    if offset:
+        return ops.rms_norm_y(input, 1, weight, float(eps), rounding, offset)
+    return direct.rows(input, 1, weight, None, float(eps), False,
+                       lambda: ops.rms_norm_y(input, 1, weight, float(eps), rounding), rounding)
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
