@@ -1095,6 +1095,12 @@ MUTATIONS = [
                  ("normkernels/engine/numba_bind.py", '        llama = rounding == "llama"\n',
                   "        llama = False\n")],
              ["tests/test_torch.py", "-k", "direct_route"]),
+    mutation("direct/backward-statistics-without-eps", "the direct route's saved inverse "
+             "standard deviation leaves out epsilon", [
+                 ("normkernels/torch/direct.py",
+                  "        np.divide(1.0, np.sqrt(stats[1] + eps), out=stats[1])",
+                  "        np.divide(1.0, np.sqrt(stats[1]), out=stats[1])")],
+             ["tests/test_torch_direct.py"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "

@@ -130,18 +130,19 @@ class BoundCalls:
     # has checked their metadata once, and allocates its outputs fresh) ---
 
     def direct_rows(self, M, K, storage, centered, rounding="once"):
-        """``run(xs, ys, scale, B, epsilon)`` over flat C-contiguous aligned arrays of
-        ``M`` rows of ``K`` in the ``storage`` dtype (``B`` empty: none): one compiled
-        serial call up to the serial size (its entry point: the dispatcher's typing of
-        the arguments cost 3.5 of a (1, 64) LayerNorm's 4.2 us), above it the engine's
-        call (its path decided per call)."""
+        """``run(xs, ys, scale, B, epsilon, mean, var)`` over flat C-contiguous aligned
+        arrays of ``M`` rows of ``K`` in the ``storage`` dtype (``B`` empty: none;
+        ``mean`` and ``var``: ``M`` float64 each, written): one compiled serial call up
+        to the serial size (its entry point: the dispatcher's typing of the arguments
+        cost 3.5 of a (1, 64) LayerNorm's 4.2 us), above it the engine's call (its path
+        decided per call)."""
         if M * K == 0:
             return None
         if M * K > policy.SERIAL_MAX_ELEMENTS:
-            def engine_call(xs, ys, scale, B, epsilon):
-                self.normalize_rows(xs.reshape(M, K), ys.reshape(M, K), scale,
-                                    B if B.size else None, epsilon, centered,
-                                    rounding=rounding)
+            def engine_call(xs, ys, scale, B, epsilon, mean, var):
+                mean[:], var[:] = self.normalize_rows(
+                    xs.reshape(M, K), ys.reshape(M, K), scale, B if B.size else None, epsilon,
+                    centered, rounding=rounding)
             return engine_call
         xs, s = np.empty(M * K, storage), np.empty(K, storage)
         llama = rounding == "llama"
@@ -149,15 +150,14 @@ class BoundCalls:
             kernel = fused_add.plain_rows_serial if centered else fused_add.plain_rms_rows_serial
             run = entry_point(kernel, (xs, K, xs, K, K, s, s[:0], 1.0, llama, np.empty(M),
                                        np.empty(M)))
-            return lambda xs, ys, scale, B, epsilon: run(xs, K, ys, K, K, scale, B, epsilon,
-                                                         llama, np.empty(M), np.empty(M))
+            return lambda xs, ys, scale, B, epsilon, mean, var: run(
+                xs, K, ys, K, K, scale, B, epsilon, llama, mean, var)
         kernel = rows.rows_serial if centered else rows.rms_rows_serial
         none, act = nothing(storage), marker(NONE, rounding)
         run = entry_point(kernel, (xs, K, xs, K, K, s, s[:0], 1.0, np.empty(M), np.empty(M),
                                    None, s[:0], none, 0, None, act))
-        return lambda xs, ys, scale, B, epsilon: run(xs, K, ys, K, K, scale, B, epsilon,
-                                                     np.empty(M), np.empty(M), None,
-                                                     scale[:0], none, 0, None, act)
+        return lambda xs, ys, scale, B, epsilon, mean, var: run(
+            xs, K, ys, K, K, scale, B, epsilon, mean, var, None, scale[:0], none, 0, None, act)
 
     def direct_inference(self, C, S, storage, size, params):
         """``run(xs, ys, scale, B, mean, var, epsilon)`` for per-channel inference over

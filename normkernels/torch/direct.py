@@ -39,7 +39,7 @@ def _flat(t, name):
 class Prepared:
     """A serial kernel call and the views of its parameters."""
 
-    __slots__ = ("bf16", "run", "storage", "views")
+    __slots__ = ("bf16", "rows", "run", "storage", "views")
 
     def __init__(self, run, n_params, x):
         self.run = run
@@ -89,8 +89,51 @@ def rows(x, n, weight, bias, eps, centered, full, rounding="once"):
     if xs is None:
         return full()
     s = prepared.param(0, weight, "weight")
-    prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps)
+    M = prepared.rows
+    prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps,
+                 np.empty(M), np.empty(M))
     return y
+
+
+def rows_with_statistics(x, n, weight, bias, eps, centered):
+    """``(y, stats)`` of a row normalization for its backward: ``stats`` the ``(M, 2)``
+    float64 rows (mean, ``1 / sqrt(var + eps)``), as the full path's (bit for bit); None
+    without a prepared call (the caller runs the full path; a first call prepares)."""
+    key = ("rows", centered, n, eps, "once", _meta(x), _meta(weight), _meta(bias))
+    prepared = _prepared.get(key)
+    if prepared is None:
+        _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered, "once"))
+        return None
+    if not prepared:
+        return None
+    xs, y, ys = prepared.io(x)
+    if xs is None:
+        return None
+    s = prepared.param(0, weight, "weight")
+    stats = np.empty((2, prepared.rows))
+    prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps,
+                 stats[0], stats[1])
+    with np.errstate(all="ignore"):
+        np.divide(1.0, np.sqrt(stats[1] + eps), out=stats[1])  # as ops.rows.inverse_std
+    return y, stats.T
+
+
+def rows_backward(dy, x, weight, stats, n, eps, centered):
+    """``(dx, dweight, dbias)`` (the parameter gradients float64, flat) of a row
+    normalization from its forward's ``stats``: the engine's backward on views, as the
+    full path runs it once the arguments are checked (they were, by the forward)."""
+    X = array(x, "input")
+    K = math.prod(x.shape[x.dim() - n:])
+    M = X.size // K
+    dY = array(dy, "grad")
+    if not dY.flags.c_contiguous:  # autograd's (an expanded ones, a transposed gradient)
+        dY = np.ascontiguousarray(dY)
+    dx = torch.empty_like(x)
+    gamma = np.ones(K) if weight is None else array(weight, "weight").reshape(K).astype(
+        np.float64)
+    dg, db = ENGINE.rows_backward(X.reshape(M, K), dY.reshape(M, K), array(dx, "out").reshape(
+        M, K), gamma, centered, eps, np.ascontiguousarray(stats))
+    return dx, dg, db
 
 
 def _rows(x, n, weight, bias, eps, centered, rounding):
@@ -102,7 +145,11 @@ def _rows(x, n, weight, bias, eps, centered, rounding):
             return None
     storage = STORAGE_DTYPE[numpy_dtype(x.dtype)]
     run = ENGINE.direct_rows(x.numel() // K, K, storage, centered, rounding)
-    return None if run is None else Prepared(run, 2, x)
+    if run is None:
+        return None
+    prepared = Prepared(run, 2, x)
+    prepared.rows = x.numel() // K
+    return prepared
 
 
 def inference(x, weight, bias, mean, var, eps, full):

@@ -11,7 +11,8 @@ instead (:func:`route`).
 import torch
 from torch.autograd.function import once_differentiable
 
-from normkernels.torch import ops
+from normkernels.torch import direct, ops
+from normkernels.torch.tensors import numpy_dtype, tensor
 
 OP, PLAIN, GRAD = "op", "plain", "grad"
 _TENSORS = (torch.Tensor, torch.nn.Parameter)
@@ -39,9 +40,33 @@ def _keep(grad, wanted):
     return grad if wanted else None
 
 
+def _direct_rows(ctx, x, weight, bias, n, eps, centered):
+    """Y by the direct route (a call whose metadata a first call has proven), its
+    statistics kept on ``ctx`` for :func:`_direct_rows_backward`; None: the full path."""
+    fast = direct.rows_with_statistics(x, n, weight, bias, eps, centered)
+    if fast is None:
+        ctx.stats = None
+        return None
+    y, ctx.stats = fast
+    ctx.save_for_backward(x, weight)
+    ctx.n, ctx.eps, ctx.has_bias = n, eps, bias is not None
+    return y
+
+
+def _direct_rows_backward(ctx, dy, centered):
+    x, w = ctx.saved_tensors
+    dx, dg, db = direct.rows_backward(dy, x, w, ctx.stats, ctx.n, ctx.eps, centered)
+    dw = None if w is None else tensor(dg.astype(numpy_dtype(w.dtype))).reshape(w.shape)
+    db = tensor(db.astype(numpy_dtype(w.dtype))).reshape(w.shape) if ctx.has_bias else None
+    return dx, dw, db
+
+
 class LayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, n, eps):
+        y = _direct_rows(ctx, x, weight, bias, n, eps, True)
+        if y is not None:
+            return y
         y, mean, rstd = ops.layer_norm_impl(x, n, weight, bias, eps)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.n, ctx.has_bias = n, bias is not None
@@ -50,6 +75,8 @@ class LayerNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
+        if ctx.stats is not None:
+            return (*_direct_rows_backward(ctx, dy, True), None, None)
         x, w, mean, rstd = ctx.saved_tensors
         dx, dw, db = ops.layer_norm_backward_impl(dy, x, w, mean, rstd, ctx.n)
         return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None, None
@@ -58,6 +85,9 @@ class LayerNorm(torch.autograd.Function):
 class RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, n, eps):
+        y = _direct_rows(ctx, x, weight, None, n, eps, False)
+        if y is not None:
+            return y
         y, rstd = ops.rms_norm_impl(x, n, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
         ctx.n = n
@@ -66,6 +96,9 @@ class RMSNorm(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
+        if ctx.stats is not None:
+            dx, dw, _ = _direct_rows_backward(ctx, dy, False)
+            return dx, dw, None, None
         x, w, rstd = ctx.saved_tensors
         dx, dw = ops.rms_norm_backward_impl(dy, x, w, rstd, ctx.n)
         return dx, _keep(dw, w is not None), None, None
