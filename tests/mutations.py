@@ -1101,6 +1101,16 @@ MUTATIONS = [
                   "        np.divide(1.0, np.sqrt(stats[1] + eps), out=stats[1])",
                   "        np.divide(1.0, np.sqrt(stats[1]), out=stats[1])")],
              ["tests/test_torch_direct.py"]),
+    mutation("serving/rms-rounds-once", "vLLM's rms_norm operator rounds once", [
+                 ("normkernels/torch/serving.py",
+                  '    _rms(out, input, weight, epsilon, 0.0, "llama")',
+                  '    _rms(out, input, weight, epsilon, 0.0, "once")')],
+             ["tests/test_torch_serving.py"]),
+    mutation("serving/gemma-fused-offset-dropped", "the Gemma fused add multiplies by weight", [
+                 ("normkernels/torch/serving.py",
+                  '    _fused(input, residual, weight, epsilon, 1.0, "once")',
+                  '    _fused(input, residual, weight, epsilon, 0.0, "once")')],
+             ["tests/test_torch_serving.py"]),
     mutation("bind/mixin-method-kept", "bind's recorder lets an engine mixin's method "
              "through (the gated norm's bind fails inside the recorder)", [
                  (BINDING, "                and (callable(getattr(Engine, name, None)) or not "
