@@ -72,6 +72,11 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     if input.dim() < 2:
         raise ValueError(f"input must be (N, C, *), got shape {tuple(input.shape)}")
     groups, eps = int(num_groups), float(eps)
+    if input.shape[0] * input.shape[1] // groups * math.prod(input.shape[2:]) == 1:
+        # torch's check (in every mode): statistics of one value
+        size = [input.shape[0] * input.shape[1] // groups, groups, *input.shape[2:]]
+        raise ValueError(f"Expected more than 1 value per channel when training, got input "
+                         f"size {size}")
     path = eager.route(input, weight, bias)
     if path == OP:
         return ops.group_norm(input, groups, weight, bias, eps)
