@@ -289,3 +289,26 @@ def test_timm_models_swap_every_normalization(arch):
     swapped, left = _count(model)
     assert swapped and not left, (swapped, left)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_bench_models_runs_and_counts_the_swaps(monkeypatch, capsys):
+    """``normkernels bench --via torch --models`` on a small Llama: both module sets
+    timed, every RMSNorm swapped, a row per mode."""
+    import types
+
+    from normkernels.bench import zoo_models
+
+    def tiny(name):
+        from transformers import LlamaConfig, LlamaForCausalLM
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=100, hidden_size=32,
+                                             intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2))
+        return model, lambda batch, gen: (torch.randint(0, 100, (batch, 8), generator=gen),)
+
+    monkeypatch.setattr(zoo_models, "MODELS", {"llama": tiny, "missing": lambda n: 1 / 0})
+    assert zoo_models.command(types.SimpleNamespace(repeat=1)) == 0
+    out = capsys.readouterr().out
+    assert "missing: skipped (ZeroDivisionError" in out
+    rows = [line for line in out.splitlines() if line.startswith("| llama | 3/3 |")]
+    assert len(rows) == 3, out
+    assert all(float(cell) > 0 for row in rows for cell in row.split("|")[4:9]), rows

@@ -120,7 +120,14 @@ def cmd_bench(args):
     threads = numba.get_num_threads()
     if args.sweep:
         return sweep.command(args, peers, threads)
+    if args.models and args.via != "torch":
+        print("normkernels bench: --models runs with --via torch", file=sys.stderr)
+        return 2
     if args.via == "torch":
+        if args.models:
+            from normkernels.bench import zoo_models
+
+            return zoo_models.command(args)
         from normkernels.bench import via_torch
 
         return via_torch.command(args)
@@ -358,6 +365,10 @@ def main(argv=None):
                        help="torch: normkernels.torch's modules against torch.nn's, layer "
                             "after layer (forward + backward, and inference); --network "
                             "narrows it")
+    bench.add_argument("--models", action="store_true",
+                       help="with --via torch: whole models of transformers, diffusers and "
+                            "timm (those installed; random weights), torch's normalization "
+                            "modules against the swapped ones")
     bench.add_argument("--quick", action="store_true",
                        help="the quick suite with 3 repeats (under a minute)")
     bench.add_argument("--op", choices=list(OPERATORS),
