@@ -94,7 +94,7 @@ def main():
             except ImportError as exc:
                 print(f"{name:28s} skipped: {exc}")
                 break
-            print(f"{name:28s} {str(shape):>16s} {str(grad):>5s} {t:9.1f} {o:9.1f} "
+            print(f"{name:28s} {shape!s:>16s} {grad!s:>5s} {t:9.1f} {o:9.1f} "
                   f"{o / t:10.2f}", flush=True)
 
 

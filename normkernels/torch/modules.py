@@ -16,17 +16,24 @@ from torch import nn
 from normkernels.torch import functional as F
 from normkernels.torch.tensors import FLOATS
 
+_FLOATS = frozenset(FLOATS)
+_16_BIT = (torch.float16, torch.bfloat16)
+_F32 = torch.float32
+
 
 def ours(input, *params, mixed=False):
     """Whether normkernels computes this call (else torch's forward does): parameters
     of the input's dtype, or with ``mixed`` float32 parameters for 16-bit input (the
-    autocast case, which BatchNormalization's types allow)."""
-    if input.device.type != "cpu" or input.dtype not in FLOATS:
+    autocast case, which BatchNormalization's types allow). On every module call: plain
+    loops, no sets (a microsecond of a small LayerNorm's few)."""
+    dtype = input.dtype
+    if not input.is_cpu or dtype not in _FLOATS:
         return False
-    allowed = {input.dtype}
-    if mixed and input.dtype in (torch.float16, torch.bfloat16):
-        allowed.add(torch.float32)
-    return all(p is None or (p.device.type == "cpu" and p.dtype in allowed) for p in params)
+    wide = _F32 if mixed and dtype in _16_BIT else dtype
+    for p in params:
+        if p is not None and (not p.is_cpu or (p.dtype is not dtype and p.dtype is not wide)):
+            return False
+    return True
 
 
 def ours_batch_norm(module, input):
