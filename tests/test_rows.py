@@ -391,6 +391,23 @@ def test_huge_deviations_do_not_overflow(dtype):
     assert np.max(np.abs(Y.astype(F64) - y)) <= 1e-2
 
 
+@pytest.mark.parametrize("path", ["serial", "parallel"])
+def test_bfloat16_rms_rows_whose_squares_overflow_float32(rng, path):
+    """bfloat16 values near 1e20: their squares (1e40) overflow the float32 runs of
+    the 16-bit sums of squares, which then fall back to float64; Y as the oracle's.
+    Rows longer than SHORT_ROW (the chunked sums), on the table-free and table paths."""
+    from normkernels.engine.numba_engine import ENGINE
+    from normkernels.ops import rms_normalization as rms_spec
+
+    for M in (2, 40):  # up to 16 rows: the table-free loop; more: the row kernels
+        X = (rng.standard_normal((M, 300)) * 1e20).astype(BF16)
+        scale = rng.uniform(0.5, 2, 300).astype(BF16)
+        Y = rms_spec.rms_normalization(X, scale, epsilon=EPS, engine=ENGINE, path=path)
+        want = row_norm(X, scale.astype(F64), None, EPS, centered=False)[0]
+        assert np.all(np.isfinite(Y.astype(F64)))
+        assert_close(Y, want, 2 * ulp(np.abs(want), BF16))
+
+
 # --- 3. semantics per operator --------------------------------------------------------
 
 
