@@ -128,7 +128,8 @@ def test_every_swapped_module_against_torch(chunk):
             exact.eps = torch.finfo(torch.float32 if wide else dtype).eps
         for m in (theirs, ours, exact):
             m.train(training)
-        unit = torch.finfo(dtype).eps
+        # float64: torch is the reference too (no wider one); its terms cancel by more
+        unit = max(torch.finfo(dtype).eps, 1e-12)
         for step in range(2):
             x = _input(shape, dtype, layout, gen)
             dy = torch.randn(shape, generator=gen, dtype=torch.float64)
