@@ -89,6 +89,7 @@ ROWS_K = "normkernels/kernels/rows.py"
 ROWS_SPEC = "normkernels/ops/rows.py"
 ROW_VECTORS = "normkernels/kernels/row_vectors.py"
 ZOO = "normkernels/torch/zoo.py"
+MODULATED = "normkernels/torch/modulated.py"
 LN_SPEC = "normkernels/ops/layer_normalization.py"
 GN_SPEC = "normkernels/ops/group_normalization.py"
 MVN_SPEC = "normkernels/ops/mean_variance_normalization.py"
@@ -1085,6 +1086,30 @@ MUTATIONS = [
     mutation("zoo/outside-the-zoos", "a user's class with a zoo's code is swapped", [
                  (ZOO, "    if cls.__module__.startswith(ZOOS):", "    if True:")],
              ["tests/test_torch_zoo.py", "-k", "digests_recognize"]),
+    mutation("modulated/shift-scale-swapped", "diffusers' AdaLayerNormZero modulates with "
+             "its shift as the scale", [
+                 (MODULATED, "        y = ada_layer_norm(self.norm, x, shift_msa, scale_msa)\n"
+                  "        if y is None:\n            y = self.norm(x) * (1 + scale_msa[:, None]) "
+                  "+ shift_msa[:, None]\n        return y, gate_msa, shift_mlp",
+                  "        y = ada_layer_norm(self.norm, x, scale_msa, shift_msa)\n"
+                  "        if y is None:\n            y = self.norm(x) * (1 + scale_msa[:, None]) "
+                  "+ shift_msa[:, None]\n        return y, gate_msa, shift_mlp")],
+             ["tests/test_torch_modulated.py", "-k", "one_pass and zero-dtype2"]),
+    mutation("modulated/default-eps", "the fused AdaLayerNorm ignores its norm's eps", [
+                 (MODULATED, "        return norm.eps\n", "        return 1e-5\n")],
+             ["tests/test_torch_modulated.py", "-k", "one_pass and zero-single-dtype2"]),
+    mutation("modulated/affine-norm-fused", "a norm with its own weight and bias is fused "
+             "without them", [
+                 (MODULATED, "norm.weight is None and norm.bias is None", "True")],
+             ["tests/test_torch_modulated.py", "-k", "own_affine"]),
+    mutation("modulated/group-order", "AdaGroupNorm's chunks taken as (shift, scale)", [
+                 (MODULATED, "            scale, shift = emb.chunk(2, dim=1)\n            y = ",
+                  "            shift, scale = emb.chunk(2, dim=1)\n            y = ")],
+             ["tests/test_torch_modulated.py", "-k", "one_pass and group-dtype2"]),
+    mutation("modulated/grad-fused", "a call that wants a gradient runs the one pass (no "
+             "gradient flows)", [
+                 (MODULATED, "eager.route(x, *params) == eager.PLAIN", "True")],
+             ["tests/test_torch_modulated.py", "-k", "gradients_and_other"]),
     mutation("zoo/unregister-ignored", "unregister_swap does not stop the zoo's finder", [
                  ("normkernels/torch/modules.py",
                   "        if ours is None and cls not in _DECLINED:",

@@ -26,7 +26,7 @@ import textwrap
 import torch
 
 from normkernels.torch import functional as F
-from normkernels.torch import modules
+from normkernels.torch import modulated, modules
 
 ZOOS = ("timm.", "transformers.", "diffusers.")
 _FLOAT32_COMPUTED = (torch.float16, torch.bfloat16, torch.float32)  # float64 is cast down
@@ -263,6 +263,7 @@ CODES = {
                          "timm.layers.norm_act:LayerNormAct"),
     "32adb169b1fa2aca": (_TimmLayerNormAct2d,
                          "timm.layers.norm_act:LayerNormAct2d"),
+    **modulated.CODES,
 }
 
 
