@@ -1110,6 +1110,17 @@ MUTATIONS = [
              "gradient flows)", [
                  (MODULATED, "eager.route(x, *params) == eager.PLAIN", "True")],
              ["tests/test_torch_modulated.py", "-k", "gradients_and_other"]),
+    mutation("zoo/frozen-eps", "DETR's FrozenBatchNorm2d with BatchNorm2d's eps taken as "
+             "1e-3", [
+                 (ZOO, "                            False, 0.0, 1e-5)",
+                  "                            False, 0.0, 1e-3)")],
+             ["tests/test_torch_zoo.py", "-k", "frozen and float32"]),
+    mutation("zoo/frozen-promotion", "FrozenBatchNorm2d of bfloat16 x with float32 buffers "
+             "computed by normkernels (torch promotes to float32)", [
+                 (ZOO, "x.shape[1] != self.weight.shape[0] or not modules.ours(",
+                  "x.shape[1] != self.weight.shape[0] or not modules.ours_batch_norm(self, x) "
+                  "and modules.ours(")],
+             ["tests/test_torch_zoo.py", "-k", "frozen and float32"]),
     mutation("zoo/unregister-ignored", "unregister_swap does not stop the zoo's finder", [
                  ("normkernels/torch/modules.py",
                   "        if ours is None and cls not in _DECLINED:",

@@ -17,6 +17,7 @@ import normkernels.torch as nt  # noqa: E402
 from normkernels.torch import modules, zoo  # noqa: E402
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+F32_EPS = torch.finfo(F32).eps
 DTYPES = {"float16": F16, "bfloat16": BF16, "float32": F32}
 
 
@@ -136,6 +137,57 @@ def test_float64_and_foreign_weights_run_the_class_forward():
         assert ours(x.bfloat16()).dtype == F32
 
 
+FROZEN = "transformers.models.detr.modeling_detr:DetrFrozenBatchNorm2d"
+
+
+def _frozen(dtype, gen, c=24):
+    module = _import(FROZEN)(c)
+    with torch.no_grad():
+        module.weight.copy_(torch.randn(c, generator=gen))
+        module.bias.copy_(torch.randn(c, generator=gen))
+        module.running_mean.copy_(torch.randn(c, generator=gen) * 3)
+        module.running_var.copy_(torch.rand(c, generator=gen) * 2 + 1e-3)
+    return module.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_frozen_batch_norm_folds_once(dtype):
+    """DETR's FrozenBatchNorm2d (and its 13 copies): within half an ulp of T of the
+    float64 normalization, plus float32's fold of the buffers (scale and shift rounded,
+    then a multiply-add: two ulps of the terms where they cancel), any memory format;
+    within the class's own roundings of its forward; the input gradient of autograd
+    through the class's forward."""
+    gen = torch.Generator().manual_seed(4)
+    module = _frozen(DTYPES[dtype], gen)
+    ours = _swapped_copy(module)
+    x = (torch.randn(2, 24, 5, 3, generator=gen) * 2 + module.running_mean.float()[:, None, None]
+         ).to(DTYPES[dtype])
+    w, b, m, v = (t.double()[:, None, None] for t in (module.weight, module.bias,
+                                                      module.running_mean, module.running_var))
+    scale = w / (v + 1e-5).sqrt()
+    exact = (x.double() - m) * scale + b
+    terms = (x.double() * scale).abs() + (m * scale).abs() + b.abs()  # the class's fold
+    eps = torch.finfo(DTYPES[dtype]).eps
+    for xi in (x, x.to(memory_format=torch.channels_last)):
+        with torch.no_grad():
+            got, want = ours(xi), module(xi)
+        assert got.dtype == want.dtype and got.stride() == want.stride()
+        err = (got.double() - exact).abs()
+        assert (err <= 0.5 * eps * exact.abs() + 2 * F32_EPS * terms).all()
+        assert ((got.double() - want.double()).abs() <= 3 * eps * terms).all()
+    if dtype == "float32":
+        grads = []
+        for m_ in (module, ours):
+            xi = x.clone().requires_grad_()
+            m_(xi).backward(torch.ones_like(x))
+            grads.append(xi.grad)
+        torch.testing.assert_close(grads[1], grads[0])
+        # buffers of another dtype than x: torch promotes, the class's forward runs
+        with torch.no_grad():
+            assert torch.equal(ours(x.bfloat16()), module(x.bfloat16()))
+        assert ours(x.bfloat16()).dtype == F32
+
+
 def test_digests_recognize_copies_and_nothing_else():
     """Every class the table names has its digest; transformers' copies of Llama's
     RMSNorm (other models) share it; a class whose code differs in one token, a
@@ -150,6 +202,11 @@ def test_digests_recognize_copies_and_nothing_else():
                  "transformers.models.phi3.modeling_phi3:Phi3RMSNorm",
                  "transformers.models.mixtral.modeling_mixtral:MixtralRMSNorm"):
         assert zoo.code_digest(_import(path)) == llama, path
+    frozen = zoo.code_digest(_import(FROZEN))
+    for path in ("transformers.models.rt_detr.modeling_rt_detr:RTDetrFrozenBatchNorm2d",
+                 "transformers.models.conditional_detr.modeling_conditional_detr:"
+                 "ConditionalDetrFrozenBatchNorm2d"):
+        assert zoo.code_digest(_import(path)) == frozen, path
     Llama = _import(RMS["llama"][0])
     source = inspect.getsource(Llama.forward)
     namespace = {}

@@ -225,6 +225,19 @@ class _TimmLayerNormAct2d:
         return self.act(self.drop(_layer_norm(self, x, True)))
 
 
+class _FrozenBatchNorm2d:
+    """transformers' FrozenBatchNorm2d (DETR, RT-DETR, Grounding DINO and their copies):
+    BatchNorm inference from buffers, eps 1e-5 (the class folds them into a scale and
+    shift of their dtype as well, then rounds x * scale and the sum)."""
+
+    def forward(self, x):
+        if x.dim() != 4 or x.shape[1] != self.weight.shape[0] or not modules.ours(
+                x, self.weight, self.bias, self.running_mean, self.running_var):
+            return super().forward(x)
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                            False, 0.0, 1e-5)
+
+
 # digest of the code -> (normkernels' forward, a class with that code). The classes
 # named are the ones tests build (tests/test_torch_zoo.py); a digest that no longer
 # matches them there means the zoo changed that code.
@@ -263,6 +276,8 @@ CODES = {
                          "timm.layers.norm_act:LayerNormAct"),
     "32adb169b1fa2aca": (_TimmLayerNormAct2d,
                          "timm.layers.norm_act:LayerNormAct2d"),
+    "db52c6d243284e3f": (_FrozenBatchNorm2d,
+                         "transformers.models.detr.modeling_detr:DetrFrozenBatchNorm2d"),
     **modulated.CODES,
 }
 
