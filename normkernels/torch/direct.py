@@ -78,44 +78,51 @@ def rows(x, n, weight, bias, eps, centered, full, rounding="once"):
     """Y of a row normalization (LayerNorm ``centered``, else RMSNorm; ``rounding`` as
     :func:`normkernels.rms_normalization`'s); ``full()`` runs the full path (and
     proves the metadata) when there is no prepared call."""
-    key = ("rows", centered, n, eps, rounding, _meta(x), _meta(weight), _meta(bias))
+    key = _rows_key(x, n, weight, bias, eps, centered, rounding)
     prepared = _prepared.get(key)
     if not prepared:  # unknown, or known not to have a direct route (False)
-        y = full()
+        y = full()  # first: it raises where the arguments are wrong
         if prepared is None:
             _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered, rounding))
         return y
-    xs, y, ys = prepared.io(x)
-    if xs is None:
-        return full()
-    s = prepared.param(0, weight, "weight")
     M = prepared.rows
-    prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps,
-                 np.empty(M), np.empty(M))
-    return y
+    y = _run_rows(prepared, x, weight, bias, eps, np.empty(M), np.empty(M))
+    return full() if y is None else y
 
 
 def rows_with_statistics(x, n, weight, bias, eps, centered):
     """``(y, stats)`` of a row normalization for its backward: ``stats`` the ``(M, 2)``
     float64 rows (mean, ``1 / sqrt(var + eps)``), as the full path's (bit for bit); None
     without a prepared call (the caller runs the full path; a first call prepares)."""
-    key = ("rows", centered, n, eps, "once", _meta(x), _meta(weight), _meta(bias))
+    key = _rows_key(x, n, weight, bias, eps, centered, "once")
     prepared = _prepared.get(key)
     if prepared is None:
         _prepare(key, lambda: _rows(x, n, weight, bias, eps, centered, "once"))
-        return None
     if not prepared:
         return None
+    stats = np.empty((2, prepared.rows))
+    y = _run_rows(prepared, x, weight, bias, eps, stats[0], stats[1])
+    if y is None:
+        return None
+    with np.errstate(all="ignore"):
+        np.divide(1.0, np.sqrt(stats[1] + eps), out=stats[1])  # as ops.rows.inverse_std
+    return y, stats.T
+
+
+def _rows_key(x, n, weight, bias, eps, centered, rounding):
+    return ("rows", centered, n, eps, rounding, _meta(x), _meta(weight), _meta(bias))
+
+
+def _run_rows(prepared, x, weight, bias, eps, first, second):
+    """Y by the prepared call, the rows' statistics written to ``first`` and
+    ``second``; None where x's view is not aligned."""
     xs, y, ys = prepared.io(x)
     if xs is None:
         return None
     s = prepared.param(0, weight, "weight")
-    stats = np.empty((2, prepared.rows))
     prepared.run(xs, ys, s, s[:0] if bias is None else prepared.param(1, bias, "bias"), eps,
-                 stats[0], stats[1])
-    with np.errstate(all="ignore"):
-        np.divide(1.0, np.sqrt(stats[1] + eps), out=stats[1])  # as ops.rows.inverse_std
-    return y, stats.T
+                 first, second)
+    return y
 
 
 def rows_backward(dy, x, weight, stats, n, eps, centered):
