@@ -20,7 +20,8 @@ Attributes are read from the node and defaulted by the schema of the opset in fo
 (the evaluator defaults them from the latest schema whatever the model's opset); the
 operator versions and their checks are those of :func:`normkernels.batch_normalization`
 and :func:`normkernels.instance_normalization`. Where the ONNX reference departs from
-the spec, these follow the spec (see the README).
+the spec, these follow the spec (see the user guide's "Differences from the ONNX reference
+implementation", ``docs/guide/onnx-reference.md``).
 """
 
 import functools

@@ -45,8 +45,8 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     activation : str, optional
         An epilogue applied to Y in the same pass, before its one rounding (a package
         extension, not an ONNX attribute): None (default), "relu", "silu", "gelu_tanh" or
-        "gelu" (PyTorch's definitions; the error bound in the README's
-        "Group normalizations" notes).
+        "gelu" (PyTorch's definitions; the error bound in the user
+        guide's "Diffusion models and fused epilogues" page, ``docs/guide/epilogues.md``).
     add : ndarray, optional
         A residual of X's shape and dtype added to the affine result before the
         activation, in the same pass (oneDNN's norm-add-relu; a package extension):

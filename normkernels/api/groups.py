@@ -42,8 +42,8 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     activation : str, optional
         An epilogue applied to Y in the same pass, before its one rounding (a package
         extension, not an ONNX attribute): None (default), "relu", "silu", "gelu_tanh" or
-        "gelu" (PyTorch's definitions; the error bound in the README's
-        "Group normalizations" notes).
+        "gelu" (PyTorch's definitions; the error bound in the user
+        guide's "Diffusion models and fused epilogues" page, ``docs/guide/epilogues.md``).
     add : ndarray, optional
         A residual of X's shape and dtype added to the affine result before the
         activation, in the same pass (oneDNN's norm-add-relu; a package extension):
@@ -59,7 +59,7 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     Notes
     -----
     Statistics are float64 (16-bit X: float32 runs joined in float64), centred (the
-    function body's ``E[x^2] - E[x]^2`` loses every digit when |mean| / std is 1e4),
+    function body's ``E[x^2] - E[x]^2`` loses every digit when ``|mean| / std`` is 1e4),
     in an order that depends only on the shape, so Y is bitwise the same for any thread
     count. The normalized value is scaled and shifted before its one rounding to X's
     dtype (the body rounds it to T first). NCX groups that fit in cache are normalized
@@ -196,7 +196,7 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset=13, data_format="NCX"
     library's ``pow``; for float32 and 16-bit X with ``beta == 0.75`` it is
     ``sqrt(base) * sqrt(sqrt(base))``, within 2 float64 ulps of it. A base of zero or
     below gives what IEEE arithmetic gives (inf or NaN), and so do float64 squares
-    beyond float64's range (|x| above about 1e154: the base is infinite, Y zero).
+    beyond float64's range (``|x|`` above about 1e154: the base is infinite, Y zero).
     """
     return _lrn.lrn(X, size=size, alpha=alpha, beta=beta, bias=bias, opset=opset,
                     data_format=data_format, out=out, engine=ENGINE)

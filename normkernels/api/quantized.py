@@ -47,7 +47,7 @@ _SECTIONS = """
     Notes
     -----
     Per row: float64 statistics, as the row normalizations compute them (the row is
-    read from memory once; README, "Row normalizations"), folded into ``m, a, c`` in
+    read from memory once; user guide, "Row normalizations"), folded into ``m, a, c`` in
     the compute dtype (float32; float64 for float64 x); then ``y = ((x - m) * a + c)
     * (offset + weight) (+ bias)`` in the compute dtype (``offset`` rounded to it
     first, then added to ``weight``), **never rounded to x's dtype**: the quantizer

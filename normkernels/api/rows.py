@@ -35,7 +35,7 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
     activation : str, optional
         An epilogue applied to Y in the same pass (a package extension, not an ONNX
         attribute): None (default), "relu", "silu", "gelu_tanh" or "gelu" (PyTorch's
-        definitions; the error bound in the README's "Group normalizations" notes),
+        definitions; the error bound in the user guide's ``docs/guide/epilogues.md``),
         evaluated in float32 (float64 for float64 X) before Y's one rounding to a
         16-bit dtype. Mean and InvStdDev are those of X, unchanged.
     add : ndarray, optional
@@ -47,8 +47,9 @@ def layer_normalization(X, Scale, B=None, *, axis=-1, epsilon=1e-5, stash_type=1
 
     Returns
     -------
-    Y, or a tuple with ``Mean`` and ``InvStdDev`` of shape ``X.shape[:axis] + (1,) *
-    (X.ndim - axis)`` in the stash type.
+    Y : ndarray or tuple
+        Y, or a tuple with ``Mean`` and ``InvStdDev`` of shape
+        ``X.shape[:axis] + (1,) * (X.ndim - axis)`` in the stash type.
 
     Notes
     -----
@@ -143,6 +144,8 @@ def skip_layer_normalization(input, skip, gamma, beta=None, bias=None, *, epsilo
     out : ndarray, optional
         Where to write output; may be ``input``.
 
+    Notes
+    -----
     ``s`` is rounded to input's dtype before it is normalized, so ``output`` is the
     layer normalization of ``input_skip_bias_sum``.
     """
