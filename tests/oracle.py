@@ -5,7 +5,7 @@ BatchNormInference specification, and the error model the kernels are held to.
 Nothing here imports normkernels: these are the statements the kernels are checked
 against.
 
-The error model (the README's "Numerics" states the same):
+The error model (the user guide's "Numerics", docs/guide/numerics.md, states the same):
 
 * Normalize: per channel the kernel computes ``y = (x - m) * a + b`` in the compute
   dtype (float64 for float64 X, else float32), with ``a = scale / sqrt(var + eps)``
@@ -37,7 +37,7 @@ F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 # (significand bits, smallest normal exponent) of each float dtype
 _FORMATS = {F16: (10, -14), BFLOAT16: (7, -126), F32: (23, -126), F64: (52, -1022)}
 
-# (e_m, e_v, e_o): the accuracy the README states for the kernels' statistics,
+# (e_m, e_v, e_o): the accuracy the guide states for the kernels' statistics,
 # |mean error| <= e_m (|mean| + std) and |var error| <= e_v var + e_o |mean| std (the
 # merges of partial means carry the rounding of mean-sized numbers: the relative
 # variance error grows with |mean| / std, 1e-12 at 1e6). float32 and float64 X

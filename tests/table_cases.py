@@ -293,7 +293,7 @@ def _per_group(values, labels, fn):
 
 # The allowance, in units of the compute dtype's unit roundoff times the data's
 # conditioning, for the kernels' arithmetic against the float64 formula. The error
-# model (tests/oracle.py, README "Numerics") is a handful of roundings of the compute
+# model (tests/oracle.py, docs/guide/numerics.md) is a handful of roundings of the compute
 # dtype on terms no larger than the group's largest output, plus the statistics'
 # error, which grows with |mean| / std of the group (the centring; the skip add's
 # rounding in X's dtype). Measured worst over every record, mode, dtype, layout and

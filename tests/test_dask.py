@@ -3,7 +3,7 @@ chunkings (whole, size-1, uneven, the channel axis split; for the row normalizat
 the leading and/or the normalized axes split), dtypes and layouts, with the threaded
 scheduler and on a two-process dask.distributed LocalCluster.
 
-The bounds are the README's ("Scaling out with Dask"): inference bitwise equal to
+The bounds are the user guide's (docs/guide/dask.md): inference bitwise equal to
 single-machine normkernels; statistics within README_STATS_RTOL of single-machine
 ones (only the order of float64 merges differs); everything within the oracle's
 error model (tests/oracle.py)."""
@@ -39,7 +39,7 @@ EPS = 1e-5
 SHAPE = (6, 5, 7, 9)  # NCX
 CHUNKINGS = {"whole": SHAPE, "sample": (1, 5, 7, 9), "uneven": (4, 2, 3, 5),
              "ones": (1, 1, 1, 1), "channels": (6, 2, 7, 9)}
-# The README: dask's statistics differ from single-machine normkernels' only in the
+# The guide: dask's statistics differ from single-machine normkernels' only in the
 # order of the float64 merges: within 1e-13 (float32/float64 X) or 1e-6 (16-bit X)
 # of the variance and of |mean| + std for the mean
 README_STATS_RTOL = {F16: 1e-6, F32: 1e-13, F64: 1e-13}
@@ -50,7 +50,7 @@ README_STATS_OFFSET = 2.0**-53
 
 def expect_same_statistics(mean, var, mean0, var0, x_dtype):
     """dask's per-channel mean and variance against single-machine normkernels', within
-    the README's relative bound. A mean is taken relative to |mean| + std: a mean near
+    the guide's relative bound. A mean is taken relative to |mean| + std: a mean near
     0 has no relative accuracy of its own (its rounding errors scale with the spread
     of the data, as in oracle.statistics_tolerance)."""
     rtol = README_STATS_RTOL[np.dtype(x_dtype)]
@@ -150,7 +150,7 @@ def test_training_matches_single_machine_and_oracle(rng, dtype, fmt, chunking):
     expect_training_close(Y, rm, rv, X, p, 0.8, fmt)
     expect_training_close(Y0, rm0, rv0, X, p, 0.8, fmt)
     # momentum 0 with float64 running statistics: they are then the batch statistics
-    # themselves (input * 0 + batch * 1 is exact), held to the README's bound
+    # themselves (input * 0 + batch * 1 is exact), held to the guide's bound
     p64 = [p[0], p[1], p[2].astype(F64), p[3].astype(F64)]
     _, mean, var = (v.compute() for v in nkd.batch_normalization(
         Xd, *p64, training_mode=1, momentum=0.0, data_format=fmt))
@@ -299,7 +299,7 @@ def with_statistics(X, a, scale, B, mean, var, centered, out_dtype=None):
 
 def expect_same_row_statistics(mean, inv, mean0, inv0, dtype):
     """Per-row float64 Mean and InvStdDev against single-machine normkernels', within
-    the README's bound on the statistics (the variance's error moves 1 / sqrt(var +
+    the guide's bound on the statistics (the variance's error moves 1 / sqrt(var +
     eps) by half as much, relatively)."""
     rtol = README_STATS_RTOL[np.dtype(dtype)]
     var0 = 1 / inv0.astype(F64) ** 2 - EPS

@@ -270,7 +270,7 @@ def call(fn, args, kwargs, bad, watched=None):
     return result
 
 
-# --- validity models of the spec layer (ops/*.py, the README, the specs) ---
+# --- validity models of the spec layer (ops/*.py, the user guide, the specs) ---
 
 NO_BF16 = (F16, F32, F64)
 ALL_FLOATS = (F16, BFLOAT16, F32, F64)

@@ -22,7 +22,7 @@ FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 INT8 = np.dtype(np.int8)
 QMAX = {INT8: 127.0, FP8: 448.0}
 FLOOR = {INT8: float(np.finfo(np.float32).eps), FP8: 1.0 / (448 * 512)}  # the fact sheet
-# README "Guarantees": relative accuracy of the kernels' float64 statistics
+# docs/guide/numerics.md, "Guarantees": relative accuracy of the kernels' float64 statistics
 STAT_ERR = {F16: 1e-6, BF16: 1e-6, F32: 1e-12, F64: 1e-12}
 U32 = 2.0**-24
 

@@ -1,5 +1,5 @@
 """Reliability under real use: threads, processes, threading layers, memory, aliasing,
-byte order, cache trouble and special values. Each guarantee of the README's
+byte order, cache trouble and special values. Each guarantee of the guide's
 "Guarantees" section is a test here (huge tensors: tests/test_huge.py; hostile input:
 tests/test_hostile.py)."""
 

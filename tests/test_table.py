@@ -7,7 +7,7 @@ Properties, each over the record's dtypes and layouts where they matter:
 
 1. routes: every execution path (``normkernels.engine.PATHS``, forced through the
    spec layer) agrees with the float64 formula within a tolerance of a few roundings
-   of the compute dtype, and gives the default call's bits (README "Numerics": the
+   of the compute dtype, and gives the default call's bits (docs/guide/numerics.md: the
    paths give identical results, bit for bit);
 2. rounding: a 16-bit output is the float64 formula rounded once (within one ulp,
    and bit for bit nearly everywhere), NaN-free;
@@ -246,7 +246,7 @@ def test_a_special_value_stays_in_its_statistic_group(rng, case, dtype, data_for
     (``kernels/statistics.py: row_partials``) redoes a whole block of rows by two
     passes when one column's one-pass sums cancel or are NaN, so the other columns of
     the block change their rounding: within the stated accuracy, no NaN spreads, and
-    the README does not promise those bits."""
+    the documentation does not promise those bits."""
     work = make(case, dtype, data_format, rng)
     clean = primary(case, work.call(path=path))
     X = work.X.copy()
@@ -265,7 +265,7 @@ def test_a_special_value_stays_in_its_statistic_group(rng, case, dtype, data_for
     for k, (g, e, c) in enumerate(zip(got, exact, clean, strict=True)):
         tol = np.broadcast_to(tolerance(work, g, e, labels), e.shape)
         if case.mode == BACKWARD and np.isinf(value):
-            # the README holds the forward operators to the formula's special values;
+            # the guide holds the forward operators to the formula's special values;
             # a backward pass folds dX into dY * A + (x - m) * B + K, where an infinite
             # B meets x - m = 0 or inf - inf: non-finite where the formula is (its
             # group), not always the same infinity or NaN
