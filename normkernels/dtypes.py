@@ -85,3 +85,22 @@ def row_compute_dtype(dtype):
     float64 otherwise (float32 rows are normalized in float64 and rounded once: the
     float32 chain of the per-channel kernels reached 2.3 ulp)."""
     return FLOAT32 if dtype.itemsize == 2 else FLOAT64
+
+
+def round_once(values, dtype):
+    """float64 ``values`` rounded once (to nearest even) to ``dtype``: 16-bit dtypes
+    through float32 by round-to-odd, which makes the two roundings one (ml_dtypes
+    rounds float64 to bfloat16 through float32 twice: 1 + 2**-8 + 2**-40 gives 1); the
+    rule of :func:`normkernels.kernels.lp.store_rounded`, and of every float64 result the
+    spec layer rounds to a narrower dtype."""
+    if dtype == FLOAT64:
+        return values
+    with np.errstate(all="ignore"):
+        f = values.astype(np.float32)
+        if dtype.itemsize == 4:
+            return f
+        back = f.astype(np.float64)
+        bits = f.view(np.int32)
+        step = np.where(np.abs(values) > np.abs(back), 1, -1).astype(np.int32)
+        odd = (back != values) & ~np.isnan(values) & ((bits & 1) == 0)
+        return np.where(odd, bits + step, bits).astype(np.int32).view(np.float32).astype(dtype)

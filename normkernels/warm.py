@@ -4,7 +4,7 @@ anything, at any size, through any entry point.
 
 What runs, all from the operator table: each record's warmup cases (the calls that
 force each execution path on the shapes that pick each kernel variant, see
-:class:`normkernels.operator_record.WarmupCase`), then every mode of the record at
+:class:`normkernels.operators.record.WarmupCase`), then every mode of the record at
 the sizes the size policy tells apart: a tiny tensor (one thread), a medium one and
 one of 8M elements (threads, and streaming stores where the CPU has them), and a
 single long row for the row normalizations (a row split across threads).

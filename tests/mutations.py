@@ -76,7 +76,8 @@ BOUND = "normkernels/engine/numba_bind.py"
 ENGINE_BASE = "normkernels/engine/__init__.py"
 POLICY = "normkernels/engine/policy.py"
 THREADS = "normkernels/engine/threads.py"
-TWIN = "normkernels/reference.py"
+TWIN = "normkernels/reference/__init__.py"
+TABLE = "normkernels/operators/__init__.py"
 FOLD = "normkernels/kernels/fold.py"
 INFERENCE_K = "normkernels/kernels/inference.py"
 PLANS = "normkernels/ops/plans.py"
@@ -894,11 +895,11 @@ MUTATIONS = [
     # the operator table's per-sample modulation (records ada-layernorm, ada-groupnorm)
     mutation("per-sample-gain-on-dy/operator-formulas", "the float64 formula of a per-sample "
              "backward adds the modulation's 1 to dY, not to the scale", [
-                 ("normkernels/operator_record.py", "k = int(mode == BACKWARD)", "k = 0")],
+                 ("normkernels/operators/record.py", "k = int(mode == BACKWARD)", "k = 0")],
              ["tests/test_table.py", "-k", "every_path and ada and backward"]),
     mutation("ada-shift-scale-swapped/operator-table", "ada-layernorm's record passes the "
              "table's scale as shift and its shift as scale", [
-                 ("normkernels/operators.py", 'signature={"inference": ("X", "B", "scale"), '
+                 (TABLE, 'signature={"inference": ("X", "B", "scale"), '
                   '"backward": ("dY", "X", "B", "scale")},\n             '
                   'warmup=_ADA_ROWS_WARMUP),', 'signature={"inference": ("X", "scale", "B"), '
                   '"backward": ("dY", "X", "scale", "B")},\n             '

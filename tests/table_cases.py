@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from oracle import BFLOAT16, F16, F32, F64, ulp, unit_roundoff
 
-from normkernels.operator_record import qk_heads
 from normkernels.operators import BACKWARD, OPERATORS
+from normkernels.operators.record import qk_heads
 
 # X's shape per kind of record, in NCX order (row normalizations: X's shape, rows over
 # the last axis). C = 6: GROUPS gives groups of 3 channels (2 groups), and LRN's window

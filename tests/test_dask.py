@@ -4,7 +4,7 @@ the leading and/or the normalized axes split), dtypes and layouts, with the thre
 scheduler and on a two-process dask.distributed LocalCluster.
 
 The bounds are the user guide's (docs/guide/dask.md): inference bitwise equal to
-single-machine normkernels; statistics within README_STATS_RTOL of single-machine
+single-machine normkernels; statistics within GUIDE_STATS_RTOL of single-machine
 ones (only the order of float64 merges differs); everything within the oracle's
 error model (tests/oracle.py)."""
 
@@ -42,10 +42,10 @@ CHUNKINGS = {"whole": SHAPE, "sample": (1, 5, 7, 9), "uneven": (4, 2, 3, 5),
 # The guide: dask's statistics differ from single-machine normkernels' only in the
 # order of the float64 merges: within 1e-13 (float32/float64 X) or 1e-6 (16-bit X)
 # of the variance and of |mean| + std for the mean
-README_STATS_RTOL = {F16: 1e-6, F32: 1e-13, F64: 1e-13}
+GUIDE_STATS_RTOL = {F16: 1e-6, F32: 1e-13, F64: 1e-13}
 # ... plus 2**-53 |mean| std on the variance for every dtype: merges of partial means
 # round mean-sized numbers (measured 2.2e-12 relative at mean / std = 1e6)
-README_STATS_OFFSET = 2.0**-53
+GUIDE_STATS_OFFSET = 2.0**-53
 
 
 def expect_same_statistics(mean, var, mean0, var0, x_dtype):
@@ -53,10 +53,10 @@ def expect_same_statistics(mean, var, mean0, var0, x_dtype):
     the guide's relative bound. A mean is taken relative to |mean| + std: a mean near
     0 has no relative accuracy of its own (its rounding errors scale with the spread
     of the data, as in oracle.statistics_tolerance)."""
-    rtol = README_STATS_RTOL[np.dtype(x_dtype)]
+    rtol = GUIDE_STATS_RTOL[np.dtype(x_dtype)]
     m0, v0 = np.asarray(mean0, F64), np.asarray(var0, F64)
     assert_close(mean, m0, rtol * (np.abs(m0) + np.sqrt(v0)), "mean against single-machine")
-    assert_close(var, v0, rtol * np.abs(v0) + README_STATS_OFFSET * np.abs(m0) * np.sqrt(v0),
+    assert_close(var, v0, rtol * np.abs(v0) + GUIDE_STATS_OFFSET * np.abs(m0) * np.sqrt(v0),
                  "variance against single-machine")
 
 
@@ -254,7 +254,7 @@ def test_out_and_eager_statistics(rng, training):
 BF16 = BFLOAT16
 DTYPES = [F16, BF16, F32, F64]
 DTYPE_IDS = ["float16", "bfloat16", "float32", "float64"]
-README_STATS_RTOL[BF16] = 1e-6
+GUIDE_STATS_RTOL[BF16] = 1e-6
 # (X's shape, axis): the last axis of 3-D X, two normalized axes of 4-D X
 ROW_CASES = {"3d-last": ((4, 9, 11), -1), "4d-axis2": ((3, 4, 5, 6), 2)}
 ROW_CHUNKINGS = ["whole", "leading", "rows", "both"]
@@ -301,11 +301,11 @@ def expect_same_row_statistics(mean, inv, mean0, inv0, dtype):
     """Per-row float64 Mean and InvStdDev against single-machine normkernels', within
     the guide's bound on the statistics (the variance's error moves 1 / sqrt(var +
     eps) by half as much, relatively)."""
-    rtol = README_STATS_RTOL[np.dtype(dtype)]
+    rtol = GUIDE_STATS_RTOL[np.dtype(dtype)]
     var0 = 1 / inv0.astype(F64) ** 2 - EPS
     std0 = np.sqrt(np.maximum(var0, 0))
     assert_close(mean, mean0, rtol * (np.abs(mean0) + std0), "Mean against single-machine")
-    d_var = rtol * var0 + README_STATS_OFFSET * np.abs(mean0) * std0
+    d_var = rtol * var0 + GUIDE_STATS_OFFSET * np.abs(mean0) * std0
     assert_close(inv, inv0, 1.01 * inv0 * d_var / (2 * (var0 + EPS)) + 4 * 2.0**-53 * inv0,
                  "InvStdDev against single-machine")
 
@@ -377,7 +377,7 @@ def test_rms_normalization_matches(rng, dtypes, case, chunking):
     assert Y.dtype == s_dtype
     m, ms = dask.compute(*nkd.row_moments(Xd, axis=axis, centered=False))
     assert not m.any()
-    assert_close(ms, var, README_STATS_RTOL[x_dtype] * var, "mean square against the oracle")
+    assert_close(ms, var, GUIDE_STATS_RTOL[x_dtype] * var, "mean square against the oracle")
     assert_identical(Y, with_statistics(X, a, S, None, m, ms, False, s_dtype))
 
 

@@ -12,8 +12,9 @@ from arrays import FLOAT_IDS, FLOATS, assert_identical
 from oracle import assert_close, ulp
 
 import normkernels as nk
-from normkernels import reference, reference_gated
+from normkernels import reference
 from normkernels.engine.numba_engine import ENGINE
+from normkernels.reference import gated as reference_gated
 
 F64 = np.dtype(np.float64)
 SHAPES = {"1x4096": (1, 4096), "4x4096": (4, 4096), "3x5x64": (3, 5, 64), "1x7": (1, 7),

@@ -48,7 +48,7 @@ from oracle import (
     ulp_close,
 )
 
-from normkernels import reference, reference_quantized
+from normkernels import reference
 from normkernels.engine import (
     PATHS,
     numba_gated,
@@ -89,6 +89,7 @@ from normkernels.ops import qk_norm as qk_spec
 from normkernels.ops import quantized as quantized_spec
 from normkernels.ops import rms_normalization as rms_spec
 from normkernels.ops import skip_layer_normalization as skip_spec
+from normkernels.reference import quantized as reference_quantized
 
 F16, BF16, F32, F64 = FLOATS
 EPS = 1e-3

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from arrays import assert_identical
 
-from normkernels import reference_quantized as twin
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import quantized as spec
 from normkernels.reference import ENGINE as NUMPY_ENGINE
+from normkernels.reference import quantized as twin
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)

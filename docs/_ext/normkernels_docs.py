@@ -145,7 +145,7 @@ def _operators_page():
     header = ["name", "operator", "functions", "family", "modes", "X dtypes", "ONNX node",
               "Dask"]
     text = [_title("The operator table"),
-            "One record per public operator (``normkernels/operators.py``): the bench, "
+            "One record per public operator (``normkernels/operators/__init__.py``): the bench, "
             "its peers, ``normkernels warmup`` and ``coldstart``, the ONNX drop-in, the "
             "Dask functions and the benchmark cases iterate it. ``name`` is the key "
             "``normkernels bench --op``, ``warmup --ops`` and ``coldstart --ops`` take.",

@@ -3,8 +3,8 @@ what a torch user writes for a row normalization (a skip add, a gate, per-head
 QK-norm or an int8 output around ``F.rms_norm`` / ``F.layer_norm``), for the
 per-sample modulation, and the ATen backward operators by family."""
 
-from normkernels.operator_record import qk_heads
 from normkernels.operators import EPSILON
+from normkernels.operators.record import qk_heads
 
 
 def rows(torch, F, op, x, p):

@@ -20,23 +20,28 @@ import time
 import numpy as np
 
 from normkernels.bench import networks
+from normkernels.operators import operator
 
 TRAINING = ("resnet50-b32-ncx", "bert-b8", "sd15-unet")
 INFERENCE = ("resnet50-b1-ncx", "bert-b1", "llama-decode", "vit-b16", "sd15-unet")
 BUDGET_SECONDS = 20.0
 
 
+# torch.nn's module for an operator's torch.nn.functional function (the table's
+# ``torch``), built for a layer's input shape
+_MODULES = {
+    "batch_norm": lambda nn, shape: nn.BatchNorm2d(shape[1]),
+    "group_norm": lambda nn, shape: nn.GroupNorm(32, shape[1]),
+    "layer_norm": lambda nn, shape: nn.LayerNorm(shape[-1]),
+    "rms_norm": lambda nn, shape: nn.RMSNorm(shape[-1], eps=1e-5),
+}
+
+
 def _module(nn, op, shape):
-    C = shape[1]
-    if op == "batchnorm":
-        return nn.BatchNorm2d(C)
-    if op == "groupnorm":
-        return nn.GroupNorm(32, C)
-    if op == "layernorm":
-        return nn.LayerNorm(shape[-1])
-    if op == "rmsnorm":
-        return nn.RMSNorm(shape[-1], eps=1e-5)
-    raise ValueError(f"no torch module for {op}")
+    make = _MODULES.get(operator(op).torch)
+    if make is None:
+        raise ValueError(f"no torch module for {op}")
+    return make(nn, shape)
 
 
 def layers(network, training, seed=0):
@@ -53,7 +58,7 @@ def layers(network, training, seed=0):
         with torch.no_grad():
             for p in module.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen))
-            if network.op == "batchnorm":
+            if getattr(module, "running_mean", None) is not None:
                 module.running_mean.copy_(torch.randn(shape[1], generator=gen))
                 module.running_var.copy_(torch.rand(shape[1], generator=gen) + 0.5)
         swapped = copy.deepcopy(module)

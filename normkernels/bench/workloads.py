@@ -1,7 +1,7 @@
 """Benchmark workloads: what is timed, and beside what.
 
 One table (:data:`WORKLOADS`) feeds the ``normkernels bench`` command and the
-pytest-benchmark cases in the repository's ``bench/`` directory. Every row is timed
+pytest-benchmark cases in the repository's ``benchmarks/`` directory. Every row is timed
 against baselines run in the same process with interleaved repeats (A B C A B C ...)
 and reported as medians (the timing harness: :mod:`normkernels.bench.harness`), so a
 shared, noisy machine shifts all of them together and the ratios hold:

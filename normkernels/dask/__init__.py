@@ -39,7 +39,7 @@ arrays and may vary along the leading axes too (as the NumPy functions allow).
 chunk each and every block goes through normkernels (bitwise what it gives).
 
 The functions here are built from the operator table: a record's ``chunked``
-(:class:`normkernels.operator_record.Chunked`) names its strategy, and
+(:class:`normkernels.operators.record.Chunked`) names its strategy, and
 ``normkernels.dask.<function>`` is that strategy applied to the record. The
 strategies: :mod:`normkernels.dask.channels` (per-channel parameters),
 :mod:`normkernels.dask.rows` (row normalizations), :mod:`normkernels.dask.whole`

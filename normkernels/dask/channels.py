@@ -1,5 +1,5 @@
 """The strategies of :mod:`normkernels.dask` for normalizations with per-channel
-parameters (:class:`normkernels.operator_record.Chunked`): each takes a record and
+parameters (:class:`normkernels.operators.record.Chunked`): each takes a record and
 returns its function on dask arrays. Statistics come from the tree reduction of
 per-block partial moments (:mod:`normkernels.dask.reduction`); the normalize pass is
 blockwise, each block with the parameters of its own channels, through the

@@ -4,7 +4,7 @@ goes through the record's public function. No statistics are merged across chunk
 so each output is bitwise what normkernels gives for that block; the cost is the
 rechunk when those axes are split (dask moves the data once).
 
-What it needs from a record is its :class:`normkernels.operator_record.Chunked`:
+What it needs from a record is its :class:`normkernels.operators.record.Chunked`:
 which axes must be whole (``whole``) and what each output is shaped like
 (``outputs``). The arguments are read from the public function's signature: X is
 its first argument, an array of X's shape (onnxruntime's ``skip``) is chunked like

@@ -7,7 +7,7 @@ bias[o] * a[o] + b[o]`` (bias 0 when absent). A Gemm/MatMul weight has its outpu
 features on ``axis`` instead of axis 0; the rule is the same per output column.
 
 ``a``, ``W'`` and ``bias'`` are computed in float64 from the exact parameter values and
-rounded once to the weight's dtype (:func:`normkernels.reference_lp.round_once`:
+rounded once to the weight's dtype (:func:`normkernels.dtypes.round_once`:
 ml_dtypes' own float64 -> bfloat16 cast rounds twice, through float32, and turns 1 +
 2**-8 + 2**-40 into 1 instead of 1 + 2**-7). O(weights) NumPy work: no kernels, no
 engine.
@@ -15,9 +15,9 @@ engine.
 
 import numpy as np
 
+from normkernels.dtypes import round_once
 from normkernels.ops import common
 from normkernels.ops.common import ALL_FLOATS, FLOAT64
-from normkernels.reference_lp import round_once
 
 OP = "fold_batch_norm"
 _PARAMS = ("scale", "B", "mean", "var")

@@ -19,9 +19,9 @@ from functools import partial
 
 import numpy as np
 
+from normkernels.dtypes import round_once
 from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS
-from normkernels.reference_lp import round_once
 
 OP = "gated_rms_normalization"
 BACKWARD = "gated_rms_normalization_backward"

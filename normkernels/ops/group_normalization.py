@@ -11,7 +11,7 @@ spatial positions; ``Y = (X - mean) / sqrt(var + epsilon) * scale + bias``.
 * oneDNN GroupNorm-1: gamma/beta per channel, optional (``use_affine``), statistics
   outputs ``(mean, variance)`` of shape ``(N, groups)``; channels-last by default.
 
-Where the function bodies and normkernels differ (README, "Group normalizations"):
+Where the function bodies and normkernels differ (docs/guide/groups.md):
 statistics are float64 two-level sums (float32 runs for 16-bit X) with the centred
 variance, where the -21 body takes ``E[x^2] - E[x]^2`` in the stash type and the -18
 body computes everything in T (float16 squares overflow above 256); the normalized

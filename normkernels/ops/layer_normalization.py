@@ -5,7 +5,7 @@ B`` with the population variance; optional outputs ``Mean`` and ``InvStdDev`` of
 ``X.shape[:axis] + (1, ...)`` in the stash type. X, Scale and B share the type T
 (float16, bfloat16, float32, float64); Scale and B broadcast unidirectionally to X.
 
-Where the function body and normkernels differ (README, "Row normalizations"):
+Where the function body and normkernels differ (docs/guide/rows.md):
 
 * stage one (mean, variance, normalized value) is computed at least as precisely as
   the stash type: float64 statistics by two passes over the row (the body's

@@ -5,7 +5,7 @@
 epsilon attribute: the function body adds the constant 1e-9 to the standard deviation
 (not to the variance), so a constant group gives 0. Version 13 adds bfloat16.
 
-Where the body and normkernels differ (README, "Group normalizations"): the body's
+Where the body and normkernels differ (docs/guide/groups.md): the body's
 variance is ``E[x^2] - E[x]^2`` in T (negative, then NaN, when it cancels); here it is
 the centred float64 variance of the package's moments kernels. The body type-checks
 only for float32 (its ``Add`` of T and a float32 constant); normkernels runs every T of

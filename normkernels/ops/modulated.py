@@ -24,9 +24,9 @@ import math
 
 import numpy as np
 
+from normkernels.dtypes import round_once
 from normkernels.ops import common, group_normalization
 from normkernels.ops.common import ALL_FLOATS
-from normkernels.reference_lp import round_once
 
 ADA = "ada_layer_norm"
 ADA_GROUP = "ada_group_norm"

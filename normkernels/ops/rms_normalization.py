@@ -7,7 +7,7 @@ the same with an optional second output ``inv_std_var = 1 / sqrt(mean(X**2) +
 epsilon)`` of shape ``X.shape[:axis] + (1, ...)`` in its U type (stash_type 1:
 float32, 11: float64).
 
-Where the function body and normkernels differ (README, "Row normalizations"):
+Where the function body and normkernels differ (docs/guide/rows.md):
 
 * the mean square is accumulated in float64 whatever ``stash_type`` (the body squares
   in the stash type; float16 squares overflow above 256), and the normalized value

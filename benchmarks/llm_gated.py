@@ -1,6 +1,6 @@
 """Gated RMSNorm and QK-norm against torch composites and a copy roofline.
 
-    .venv/bin/python bench/llm_gated.py [--repeats N]
+    .venv/bin/python benchmarks/llm_gated.py [--repeats N]
 
 * gated_rms_normalization (norm before gate, whole rows) on (1, 4096) and (512, 4096),
   float32 and bfloat16, against torch's ``F.rms_norm(x, (K,), w) * F.silu(z)``;

@@ -15,8 +15,7 @@ import math
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype
-from normkernels.reference_lp import round_once
+from normkernels.dtypes import FLOAT64, compute_dtype, round_once
 
 # float32: Cephes expf; float64: Cephes exp (Pade form): the kernels' constants
 _F32_EXP = dict(low=-104.0, magic=12582912.0, ln2_hi=0.693359375, ln2_lo=-2.12194440e-4,

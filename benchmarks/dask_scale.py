@@ -2,8 +2,8 @@
 than this machine's memory, generated chunk by chunk and never materialised, and the
 overhead of dask against the single-machine kernel on an input that fits.
 
-    python bench/dask_scale.py                 # 40 GB input, then a 2 GB comparison
-    python bench/dask_scale.py --gb 4 --fit-gb 1
+    python benchmarks/dask_scale.py                 # 40 GB input, then a 2 GB comparison
+    python benchmarks/dask_scale.py --gb 4 --fit-gb 1
 
 Larger than memory: X is ``dask.array.random.default_rng(seed).standard_normal`` in
 float32 (each chunk regenerated when needed); the batch statistics (a tree reduction

@@ -2,7 +2,7 @@
 from ``normkernels bench --json`` output.
 
     normkernels bench --json docs/bench-default.json --plot docs/bench-default.png
-    python bench/readme_results.py docs/bench-default.json --write docs/guide/performance.md
+    python benchmarks/readme_results.py docs/bench-default.json --write docs/guide/performance.md
 
 Prints the section (machine, thread count, versions, the command, the table, what
 was skipped and why); with ``--write`` replaces the text between the

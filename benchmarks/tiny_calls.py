@@ -4,7 +4,7 @@ through the plain call and ``normkernels.bind``, beside onnxruntime with io-bind
 (inputs and outputs bound once, as a latency-minded user runs it) and the NumPy
 formula, in one process, interleaved (the numbers of issues 14 and 29).
 
-    python bench/tiny_calls.py [--shape 1,16,8,8] [--row-shape 16,64] [--layout NCX]
+    python benchmarks/tiny_calls.py [--shape 1,16,8,8] [--row-shape 16,64] [--layout NCX]
                                [--ops layernorm,rmsnorm] [--rounds 7]
 """
 

@@ -1,7 +1,7 @@
 """Store policy: warm and cold BN inference with NORMKERNELS_STREAMING=always against
 auto (the numbers in docs/design.md under ``wants_streaming``).
 
-    python bench/stores.py
+    python benchmarks/stores.py
 """
 
 import os

@@ -3,7 +3,7 @@ from it.
 
 ``normkernels bench`` (workloads, the float64 check, the peers), ``normkernels
 warmup`` and ``coldstart``, :mod:`normkernels.onnx` (``run_node``, the evaluator's
-OpRun classes), :mod:`normkernels.dask` and the benchmark cases in ``bench/`` iterate
+OpRun classes), :mod:`normkernels.dask` and the benchmark cases in ``benchmarks/`` iterate
 :data:`OPERATORS`; none of them names an operator. Adding an operator is a spec
 module in ``normkernels/ops/``, its public function in its family's module of
 ``normkernels/api/`` (re-exported by ``api/__init__.py``), kernels if it needs new
@@ -12,9 +12,9 @@ loops, and one record here (see CONTRIBUTING.md). A record's backward pass (mode
 is its ``backward`` field, the public gradient function, plus
 ``mode_kwargs["backward"]``. The parts a record is built from (:class:`Onnx`,
 :class:`WarmupCase`, the NumPy formulas the bench checks it with, and ``EPSILON``,
-``GROUPS``, ``BACKWARD``) are in :mod:`normkernels.operator_record`; how its calls are
+``GROUPS``, ``BACKWARD``) are in :mod:`normkernels.operators.record`; how its calls are
 made (parameters, arguments, the call, coldstart's source) in
-:mod:`normkernels.operator_calls`.
+:mod:`normkernels.operators.calls`.
 
 Importing this module imports neither Numba nor the operators' spec modules.
 """
@@ -22,8 +22,8 @@ Importing this module imports neither Numba nor the operators' spec modules.
 import math
 from dataclasses import dataclass, field
 
-from normkernels.operator_calls import OperatorCalls
-from normkernels.operator_record import (
+from normkernels.operators.calls import OperatorCalls
+from normkernels.operators.record import (
     BACKWARD,
     EPSILON,
     GROUPS,
@@ -80,6 +80,8 @@ class Operator(OperatorCalls, OperatorFormulas):
     family: str = "channel"
     skip: bool = False
     param_dtype: str = None  # parameters' dtype when not X's (float32, or bf16 for bf16 X)
+    default_layout: str = "NCX"  # data_format's default (oneDNN's operators: NXC)
+    statistics_per_sample: bool = False  # per (n, c), not per c over the batch (instance)
     reads_only: bool = False  # no Y: the roofline is a read, not a copy
     onnx: Onnx = None
     torch: str = None  # torch.nn.functional function, or None
@@ -217,7 +219,8 @@ OPERATORS = {op.name: op for op in [
              chunked=Chunked("batch")),
     Operator("batchnorm-inference", "oneDNN Graph BatchNormInference-1",
              "batch_norm_inference", "batch_norm_inference",
-             dtypes=("float16", "bfloat16", "float32"),
+             dtypes=("float16", "bfloat16", "float32"), param_dtype="float32",
+             default_layout="NXC",
              onnx=Onnx("BatchNormalization", (15,), ("X", "scale", "B", "input_mean",
                        "input_var"), "op_batch_normalization", implements=False),
              torch="batch_norm", mode_kwargs={"inference": {"epsilon": EPSILON}},
@@ -226,7 +229,7 @@ OPERATORS = {op.name: op for op in [
     Operator("batchnorm-training-onednn", "oneDNN Graph BatchNormForwardTraining-1 and "
              "BatchNormTrainingBackward-1", "batch_norm_forward_training", "onednn_training",
              modes=("training",), dtypes=("float16", "bfloat16", "float32"),
-             param_dtype="float32",
+             param_dtype="float32", default_layout="NXC",
              onnx=Onnx("BatchNormalization", (15,), ("X", "scale", "B", "input_mean",
                        "input_var"), "op_batch_normalization", implements=False),
              torch="batch_norm", over_inference=("training", "backward"),
@@ -237,7 +240,7 @@ OPERATORS = {op.name: op for op in [
                         "backward": ("X", "dY", "mean", "var", "scale")},
              chunked=Chunked("whole", "channels", ("X",) + ("channel",) * 4)),  # BN's kernels
     Operator("instancenorm", "ONNX InstanceNormalization", "instance_normalization",
-             "instance_normalization", n_params=2,
+             "instance_normalization", n_params=2, statistics_per_sample=True,
              onnx=Onnx("InstanceNormalization", (1, 6, 22), ("input", "scale", "B"),
                        "op_instance_normalization"),
              torch="instance_norm", over_inference=("inference",),
@@ -291,7 +294,7 @@ OPERATORS = {op.name: op for op in [
                        counts_outputs=True),
              torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
              chunked=Chunked("whole", "rows", ("X", "rows", "rows", "X"))),
-    # LLM serving (README "LLM serving"). The fused adds write X and skip (the residual)
+    # LLM serving (docs/guide/llm-serving.md). The fused adds write X and skip (the residual)
     # in place; their workloads round once ("llama" rounds the normalized value too,
     # which the table's formula, rounded once, does not model: tests/test_llm_rows.py)
     Operator("fused-add-rmsnorm", "vLLM fused_add_rms_norm (in place)", "fused_add_rms_norm",
@@ -320,7 +323,7 @@ OPERATORS = {op.name: op for op in [
              quantized="int8", torch="layer_norm", mode_kwargs=_QUANTIZED_INT8,
              warmup=(WarmupCase("rows", (64, 100), paths=("serial", "parallel")),)),
     # QK-norm: RMSNorm over each q and k head of a packed qkv, in place (v untouched);
-    # the heads follow from the row length (operator_record.qk_heads)
+    # the heads follow from the row length (record.qk_heads)
     Operator("qk-rmsnorm", "QK-norm per head of a packed qkv (Qwen3), in place",
              "qk_rms_normalization", "qk_norm", n_params=2, family="qk", in_place=("X",),
              torch="rms_norm", mode_kwargs=_ROWS_EPSILON,
@@ -351,6 +354,7 @@ OPERATORS = {op.name: op for op in [
     Operator("groupnorm-onednn", "oneDNN Graph GroupNorm-1", "group_norm",
              "group_normalization", n_params=2, family="group", groups=("groups", GROUPS),
              dtypes=("float16", "bfloat16", "float32"), param_dtype="float32",
+             default_layout="NXC",
              onnx=Onnx("GroupNormalization", (21,), ("X", "scale", "bias"), None,
                        implements=False),
              torch="group_norm",

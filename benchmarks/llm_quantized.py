@@ -2,7 +2,7 @@
 :func:`normkernels.rms_normalization` on the same input, and a torch composite
 (``F.rms_norm``, then amax / div / round / clamp / to(int8)) when torch imports.
 
-    python bench/llm_quantized.py [--repeats 7]
+    python benchmarks/llm_quantized.py [--repeats 7]
 
 Prints, per shape and dtype, the min time of several repeats (each a loop of calls long
 enough to be timed, the functions' loops interleaved) and the ratio to the float

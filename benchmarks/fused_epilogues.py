@@ -4,7 +4,7 @@ adaptive LayerNorm (with and without the gated residual) against its torch compo
 at the shapes of issue 31's targets, in one process, interleaved (ratios, not times,
 are what holds on a shared machine).
 
-    python bench/fused_epilogues.py [--repeat 15] [--dtype float32]
+    python benchmarks/fused_epilogues.py [--repeat 15] [--dtype float32]
 
 For each shape and layout: the minimum over ``repeat`` rounds of one call each of
 

@@ -3,7 +3,7 @@ SERIAL_MAX_ELEMENTS in docs/design.md). Each call goes through the spec layer wi
 its path forced, so both columns carry the same checks; their difference is the
 path's.
 
-    python bench/thresholds.py [--layout NCX] [--rounds 5]
+    python benchmarks/thresholds.py [--layout NCX] [--rounds 5]
 """
 
 import argparse

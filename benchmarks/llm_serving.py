@@ -3,7 +3,7 @@ of LLM serving: decode rows (1 and 4 tokens of 4096, warm: per-call cost) and pr
 (512 x 4096: bandwidth), in one process, interleaved (ratios hold on a shared machine,
 times do not).
 
-    python bench/llm_serving.py [--repeat 200] [--dtype float32 bfloat16]
+    python benchmarks/llm_serving.py [--repeat 200] [--dtype float32 bfloat16]
 
 Columns, each the median over ``repeat`` interleaved rounds (one call each, several
 calls per round at decode sizes):

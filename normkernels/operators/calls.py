@@ -11,14 +11,14 @@ import importlib
 import numpy as np
 
 from normkernels.dtypes import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
-from normkernels.operator_record import BACKWARD, qk_heads
+from normkernels.operators.record import BACKWARD, qk_heads
 
 
 class OperatorCalls:
     """The calls of an :class:`normkernels.operators.Operator` (a mixin: it reads the
     record's fields ``name``, ``function``, ``spec``, ``backward``, ``backward_spec``,
-    ``n_params``, ``param_dtype``, ``skip``, ``per_sample``, ``in_place``,
-    ``mode_kwargs``, ``groups``, ``layout_attribute``, ``signature`` and its ``rows``,
+    ``n_params``, ``param_dtype``, ``default_layout``, ``skip``, ``per_sample``,
+    ``in_place``, ``mode_kwargs``, ``groups``, ``layout_attribute``, ``signature`` and its ``rows``,
     ``family``, ``takes_out``, ``batch_statistics`` and ``group_count``)."""
 
     def params(self, rng, C, dtype, shape=None, mode="inference", X=None, axis=1):
@@ -55,8 +55,8 @@ class OperatorCalls:
     def parameter_dtype(self, dtype):
         """The parameters' dtype for X of ``dtype``: float32 (bfloat16 for oneDNN ops on
         bfloat16 X), or X's dtype for operators whose parameters share X's type."""
-        if self.name == "batchnorm-inference" or (self.param_dtype and dtype == BFLOAT16):
-            return BFLOAT16 if dtype == BFLOAT16 else FLOAT32
+        if self.param_dtype and dtype == BFLOAT16:
+            return BFLOAT16
         return FLOAT32 if self.param_dtype == "float32" else dtype
 
     def kwargs(self, mode, data_format, C=None):
@@ -199,8 +199,7 @@ class OperatorCalls:
         if self.family == "qk":  # the heads of X's rows: its parameters are one head's
             kwargs.update({k: f"{_QK_HEADS}[{k!r}]" for k in ("num_q_heads", "num_kv_heads",
                                                               "head_dim")})
-        if self.name in ("batchnorm-inference", "groupnorm-onednn",
-                         "batchnorm-training-onednn"):  # oneDNN: NXC default
+        if self.default_layout != "NCX":  # the workloads' X is NCX
             kwargs["data_format"] = "'NCX'"
         if self.layout_attribute is not None:
             name, values = self.layout_attribute
@@ -210,7 +209,7 @@ class OperatorCalls:
 
 
 # the heads of a qkv row in a first call's source (which sees only nk, np, X and p)
-_QK_HEADS = "__import__('normkernels.operator_record').operator_record.qk_heads(X.shape[-1])"
+_QK_HEADS = "__import__('normkernels.operators.record').operators.record.qk_heads(X.shape[-1])"
 
 
 def _same_strides_copy(a):

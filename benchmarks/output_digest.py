@@ -1,9 +1,9 @@
 """Digest of every public result over the default bench suite, the test shapes and
 the operator table's warmup cases.
 
-    python bench/output_digest.py > before.json      # on the old code
-    python bench/output_digest.py > after.json       # on the new code
-    python bench/output_digest.py --compare before.json after.json
+    python benchmarks/output_digest.py > before.json      # on the old code
+    python benchmarks/output_digest.py > after.json       # on the new code
+    python benchmarks/output_digest.py --compare before.json after.json
 
 Uses only the public API and builds its own inputs, so it runs unchanged across a
 refactor: equal digests mean bitwise-equal results (Y and every statistic, dtype and

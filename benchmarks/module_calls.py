@@ -1,7 +1,7 @@
 """Per module call: a swapped module (normkernels.torch.replace_modules) against the
 same torch module, at the sizes of issue 45's table, without and with gradients.
 
-    python bench/module_calls.py [--threads 2] [--repeat 7] [--only NAME]
+    python benchmarks/module_calls.py [--threads 2] [--repeat 7] [--only NAME]
 
 Each row alternates the two modules over the same input, best of ``--repeat`` rounds
 of calls sized to about 50 ms; prints microseconds per call and swapped / torch

@@ -5,7 +5,7 @@ unfused composite (``torch.autograd.grad`` of the graph built once: threshold_ba
 silu_backward, the modulation's products and ATen's normalization backward), in one
 process, interleaved (ratios hold on a shared machine, times do not).
 
-    python bench/epilogue_backward.py [--repeat 7] [--dtype float32]
+    python benchmarks/epilogue_backward.py [--repeat 7] [--dtype float32]
 
 The minimum over ``repeat`` interleaved rounds of one call each; normkernels writes dX
 to ``out=``.

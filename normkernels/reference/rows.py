@@ -8,7 +8,7 @@ kernels' arithmetic up to the activation (the twin's own, NumPy's ``exp``).
 import numpy as np
 
 from normkernels.dtypes import FLOAT64, compute_dtype, row_compute_dtype
-from normkernels.reference_fused import activation
+from normkernels.reference.fused import activation
 
 
 def skip_sums(x, skip, bias):

@@ -95,8 +95,9 @@ class WarmupCase:
 
 class OperatorFormulas:
     """The NumPy formulas of an :class:`normkernels.operators.Operator` (a mixin: it
-    reads the record's fields ``family``, ``name``, ``skip``, ``skip_bias``,
-    ``epilogue``, ``quantized``, ``reads_only``, ``per_sample``, ``mode_kwargs`` and its
+    reads the record's fields ``family``, ``skip``, ``skip_bias``, ``epilogue``,
+    ``quantized``, ``reads_only``, ``per_sample``, ``statistics_per_sample``,
+    ``mode_kwargs`` and its
     ``rows``, ``batch_statistics`` and ``group_count``)."""
 
 
@@ -133,9 +134,9 @@ class OperatorFormulas:
         eps = dtype.type(EPSILON)
         if self.reads_only:
             return x.mean(axis=reduced), x.var(axis=reduced)
-        if self.name == "instancenorm":
+        if self.statistics_per_sample:
             reduced = tuple(i for i in reduced if i != 0)
-        if mode == "training" or self.name == "instancenorm":
+        if mode == "training" or self.statistics_per_sample:
             mean = x.mean(axis=reduced, keepdims=True)
             var = x.var(axis=reduced, keepdims=True)
         else:

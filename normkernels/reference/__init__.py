@@ -18,19 +18,19 @@ What is bit-identical to the kernels:
 * Not the statistics: the twin takes float64 two-pass means and sums of squares
   (NumPy's pairwise sums), the kernels blocked one-pass shifted sums merged with
   Chan's formula (float32 runs for 16-bit X). Both are within the accuracy the
-  README states (mean within e_m (|mean| + std), variance within e_v var + e_o |mean|
-  std: 2e-15, 1e-12, 2**-53 for float32 and float64 X, 1e-6 for 16-bit X), which the
-  tests check for each against the float64 oracle.
+  user guide states (docs/guide/numerics.md: mean within e_m (|mean| + std), variance
+  within e_v var + e_o |mean| std: 2e-15, 1e-12, 2**-53 for float32 and float64 X,
+  1e-6 for 16-bit X), which the tests check for each against the float64 oracle.
 
 The float64 rules of the Lp and LRN kernels (Lp's fold, the one rounding of a float64
-result, the C library's pow) are in :mod:`normkernels.reference_lp`.
+result, the C library's pow) are in :mod:`normkernels.reference.lp`.
 The row normalizations' rules (the skip add, the fold of a row's statistics, the
-normalize pass and its epilogue) are in :mod:`normkernels.reference_rows`.
+normalize pass and its epilogue) are in :mod:`normkernels.reference.rows`.
 """
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype
+from normkernels.dtypes import FLOAT64, compute_dtype, round_once
 from normkernels.engine import Engine
 from normkernels.ops import backward as _bwd
 from normkernels.ops import batch_norm_inference as _bni
@@ -46,16 +46,16 @@ from normkernels.ops import moments as _moments
 from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
-from normkernels.reference_fused import (
+from normkernels.reference.fused import (
     EpilogueGradients,
     activation,
     gated_sums_rows,
     skip_sums_rows,
 )
-from normkernels.reference_gated import GatedTwins
-from normkernels.reference_lp import c_pow, lp_fold, round_once
-from normkernels.reference_quantized import QuantizedTwins
-from normkernels.reference_rows import (  # noqa: F401  (fold_rows: documented here)
+from normkernels.reference.gated import GatedTwins
+from normkernels.reference.lp import c_pow, lp_fold
+from normkernels.reference.quantized import QuantizedTwins
+from normkernels.reference.rows import (  # noqa: F401  (fold_rows: documented here)
     fold_rows,
     normalize_rows_from,
     skip_sums,

@@ -1,15 +1,12 @@
 """The float64 rules of the Lp and LRN kernels, in NumPy, for the slow twins
 (:mod:`normkernels.reference`): Lp's fold of a vector's norm (:func:`lp_fold`), the
-one rounding of a float64 result to a narrower dtype (:func:`round_once`, which the
-backward twin uses too) and the C library's ``pow`` (:func:`c_pow`, LRN's
+ the C library's ``pow`` (:func:`c_pow`, LRN's
 ``base ** beta``). Each states the rule of the kernel it names.
 """
 
 import math
 
 import numpy as np
-
-from normkernels.dtypes import FLOAT64
 
 LP_TINY = 1e-290  # the kernels' thresholds (normkernels.kernels.lp)
 LP_PRESCALE_LIMIT = 1000
@@ -40,24 +37,6 @@ def lp_fold(v, p):
         s = np.where(scaled, s_new, np.where(zero, 0.0, s))
         r = np.where(scaled, r_new, np.where(zero, 1.0, r))
     return s, r
-
-
-def round_once(values, dtype):
-    """float64 ``values`` rounded once (to nearest even) to ``dtype``: 16-bit dtypes
-    through float32 by round-to-odd, which makes the two roundings one (ml_dtypes
-    rounds float64 to bfloat16 through float32 twice: 1 + 2**-8 + 2**-40 gives 1); the
-    rule of :func:`normkernels.kernels.lp.store_rounded`."""
-    if dtype == FLOAT64:
-        return values
-    with np.errstate(all="ignore"):
-        f = values.astype(np.float32)
-        if dtype.itemsize == 4:
-            return f
-        back = f.astype(np.float64)
-        bits = f.view(np.int32)
-        step = np.where(np.abs(values) > np.abs(back), 1, -1).astype(np.int32)
-        odd = (back != values) & ~np.isnan(values) & ((bits & 1) == 0)
-        return np.where(odd, bits + step, bits).astype(np.int32).view(np.float32).astype(dtype)
 
 
 def _c_pow(b, e):
