@@ -10,7 +10,9 @@ import re
 import statistics
 import time
 
-NORMALIZATION = re.compile(r"Norm(Act)?(\dd)?\d?$")  # LayerNorm2d, BatchNormAct2d, ...
+# LayerNorm2d, BatchNormAct2d, FrozenBatchNorm2d, ..., and diffusers' modulated norms
+# (AdaLayerNormSingle is an embedding, not a norm)
+NORMALIZATION = re.compile(r"Norm(Act)?(\dd)?\d?$|^AdaLayerNorm(Zero|ZeroSingle|Continuous)$")
 
 
 def _transformers(name):
@@ -34,6 +36,13 @@ def _diffusers(name):
     import diffusers
     import torch
 
+    if name == "dit":  # DiT-B/2 at 256 x 256 (32 x 32 latents), four of its 12 blocks
+        model = diffusers.DiTTransformer2DModel(num_attention_heads=12, attention_head_dim=64,
+                                                in_channels=4, num_layers=4, sample_size=32,
+                                                patch_size=2, num_embeds_ada_norm=1000)
+        return model, lambda batch, gen: (torch.randn(batch, 4, 32, 32, generator=gen),
+                                          torch.randint(0, 1000, (batch,), generator=gen),
+                                          torch.randint(0, 1000, (batch,), generator=gen))
     model = diffusers.UNet2DModel(sample_size=32, block_out_channels=(64, 128, 128),
                                   down_block_types=("DownBlock2D", "AttnDownBlock2D",
                                                     "DownBlock2D"),
@@ -52,7 +61,7 @@ def _timm(name):
 
 
 MODELS = {"llama": _transformers, "qwen3": _transformers, "gemma2": _transformers,
-          "bert": _transformers, "unet2d": _diffusers, "resnet50": _timm,
+          "bert": _transformers, "unet2d": _diffusers, "dit": _diffusers, "resnet50": _timm,
           "vit_base_patch16_224": _timm, "convnext_tiny": _timm}
 
 
@@ -82,17 +91,21 @@ class _NormClock:
     """Seconds spent in the normalization modules' forwards (hooks on each)."""
 
     def __init__(self, model):
-        self.seconds, self.handles = 0.0, []
+        self.seconds, self.handles, self.depth = 0.0, [], 0
         for m in model.modules():
             if NORMALIZATION.search(type(m).__name__):
                 self.handles.append(m.register_forward_pre_hook(self._start))
                 self.handles.append(m.register_forward_hook(self._stop))
 
-    def _start(self, module, args):
-        self.t0 = time.perf_counter()
+    def _start(self, module, args):  # a norm inside a norm (AdaLayerNormZero's) counts once
+        if not self.depth:
+            self.t0 = time.perf_counter()
+        self.depth += 1
 
     def _stop(self, module, args, out):
-        self.seconds += time.perf_counter() - self.t0
+        self.depth -= 1
+        if not self.depth:
+            self.seconds += time.perf_counter() - self.t0
 
     def remove(self):
         for h in self.handles:
