@@ -27,6 +27,8 @@ from normkernels.kernels import inference, rows
 from normkernels.kernels.activations import NONE
 from normkernels.kernels.options import KERNEL_OPTIONS
 
+__all__ = ["layer_norm_row", "moments", "normalize_plane", "rms_norm_row"]
+
 _OPTIONS = {k: v for k, v in KERNEL_OPTIONS.items() if k != "nogil"}
 
 

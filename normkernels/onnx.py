@@ -32,6 +32,8 @@ import numpy as np
 import normkernels.api as api
 from normkernels.operators import onnx_implemented
 
+__all__ = ["reference_ops", "run_node"]
+
 _OPERATORS = onnx_implemented()  # (domain, op_type) -> record of normkernels.operators
 SUPPORTED = tuple(op_type for _, op_type in _OPERATORS)
 _DOMAINS = ("", "ai.onnx")
