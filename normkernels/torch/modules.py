@@ -66,15 +66,61 @@ class _BatchNorm:
 
 
 class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
-    """``torch.nn.BatchNorm1d`` computed by normkernels."""
+    """``torch.nn.BatchNorm1d`` computed by normkernels.
+
+    Parameters
+    ----------
+    num_features, eps, momentum, affine, track_running_stats, device, dtype
+        ``torch.nn.BatchNorm1d``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.BatchNorm1d(3), torch.nn.BatchNorm1d(3)
+    >>> x = torch.arange(24.0).reshape(4, 3, 2)
+    >>> torch.allclose(ours(x), theirs(x)), torch.allclose(ours.running_var, theirs.running_var)
+    (True, True)
+    """
 
 
 class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
-    """``torch.nn.BatchNorm2d`` computed by normkernels."""
+    """``torch.nn.BatchNorm2d`` computed by normkernels.
+
+    Parameters
+    ----------
+    num_features, eps, momentum, affine, track_running_stats, device, dtype
+        ``torch.nn.BatchNorm2d``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    >>> x = torch.arange(48.0).reshape(2, 3, 2, 4).to(memory_format=torch.channels_last)
+    >>> y = ours(x)
+    >>> torch.allclose(y, theirs(x)), y.is_contiguous(memory_format=torch.channels_last)
+    (True, True)
+    """
 
 
 class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
-    """``torch.nn.BatchNorm3d`` computed by normkernels."""
+    """``torch.nn.BatchNorm3d`` computed by normkernels.
+
+    Parameters
+    ----------
+    num_features, eps, momentum, affine, track_running_stats, device, dtype
+        ``torch.nn.BatchNorm3d``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.BatchNorm3d(3).eval(), torch.nn.BatchNorm3d(3).eval()
+    >>> x = torch.arange(48.0).reshape(2, 3, 2, 2, 2)
+    >>> torch.allclose(ours(x), theirs(x))
+    True
+    """
 
 
 class _InstanceNorm:
@@ -87,15 +133,60 @@ class _InstanceNorm:
 
 class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
     """``torch.nn.InstanceNorm1d`` computed by normkernels (``track_running_stats``
-    and unbatched input: torch's forward)."""
+    and unbatched input: torch's forward).
+
+    Parameters
+    ----------
+    num_features, eps, momentum, affine, track_running_stats, device, dtype
+        ``torch.nn.InstanceNorm1d``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.InstanceNorm1d(3, affine=True), torch.nn.InstanceNorm1d(3, affine=True)
+    >>> x = torch.arange(24.0).reshape(2, 3, 4)
+    >>> torch.allclose(ours(x), theirs(x))
+    True
+    """
 
 
 class InstanceNorm2d(_InstanceNorm, nn.InstanceNorm2d):
-    """``torch.nn.InstanceNorm2d`` computed by normkernels."""
+    """``torch.nn.InstanceNorm2d`` computed by normkernels.
+
+    Parameters
+    ----------
+    num_features, eps, momentum, affine, track_running_stats, device, dtype
+        ``torch.nn.InstanceNorm2d``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.InstanceNorm2d(3), torch.nn.InstanceNorm2d(3)
+    >>> x = torch.arange(48.0).reshape(2, 3, 2, 4)
+    >>> torch.allclose(ours(x), theirs(x), atol=1e-6)
+    True
+    """
 
 
 class InstanceNorm3d(_InstanceNorm, nn.InstanceNorm3d):
-    """``torch.nn.InstanceNorm3d`` computed by normkernels."""
+    """``torch.nn.InstanceNorm3d`` computed by normkernels.
+
+    Parameters
+    ----------
+    num_features, eps, momentum, affine, track_running_stats, device, dtype
+        ``torch.nn.InstanceNorm3d``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.InstanceNorm3d(3), torch.nn.InstanceNorm3d(3)
+    >>> x = torch.arange(48.0).reshape(2, 3, 2, 2, 2)
+    >>> torch.allclose(ours(x), theirs(x), atol=1e-6)
+    True
+    """
 
 
 class _GroupNorm:
@@ -120,15 +211,60 @@ class _RMSNorm:
 
 
 class GroupNorm(_GroupNorm, nn.GroupNorm):
-    """``torch.nn.GroupNorm`` computed by normkernels."""
+    """``torch.nn.GroupNorm`` computed by normkernels.
+
+    Parameters
+    ----------
+    num_groups, num_channels, eps, affine, device, dtype
+        ``torch.nn.GroupNorm``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
+    >>> x = torch.arange(24.0).reshape(2, 4, 3)
+    >>> torch.allclose(ours(x), theirs(x), atol=1e-6)
+    True
+    """
 
 
 class LayerNorm(_LayerNorm, nn.LayerNorm):
-    """``torch.nn.LayerNorm`` computed by normkernels."""
+    """``torch.nn.LayerNorm`` computed by normkernels.
+
+    Parameters
+    ----------
+    normalized_shape, eps, elementwise_affine, bias, device, dtype
+        ``torch.nn.LayerNorm``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.LayerNorm((2, 3)), torch.nn.LayerNorm((2, 3))
+    >>> x = torch.arange(24.0).reshape(4, 2, 3)
+    >>> torch.allclose(ours(x), theirs(x), atol=1e-6)
+    True
+    """
 
 
 class RMSNorm(_RMSNorm, nn.RMSNorm):
-    """``torch.nn.RMSNorm`` computed by normkernels."""
+    """``torch.nn.RMSNorm`` computed by normkernels.
+
+    Parameters
+    ----------
+    normalized_shape, eps, elementwise_affine, device, dtype
+        ``torch.nn.RMSNorm``'s constructor arguments.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> ours, theirs = nt.RMSNorm(3), torch.nn.RMSNorm(3)
+    >>> x = torch.arange(12.0).reshape(4, 3)
+    >>> torch.allclose(ours(x), theirs(x))
+    True
+    """
 
 
 # the forward of each torch.nn class, as a mixin a class with its semantics can take
@@ -205,7 +341,24 @@ def register_swap(cls, ours=None, *, like=None):
 
 def unregister_swap(cls):
     """Stop swapping ``cls`` (modules already swapped are still restored), a model
-    zoo's class too."""
+    zoo's class too.
+
+    Parameters
+    ----------
+    cls : type
+        A class :func:`register_swap` registered, torch.nn's or a model zoo's.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> class MyNorm(torch.nn.LayerNorm):
+    ...     pass
+    >>> _ = nt.register_swap(MyNorm, like=torch.nn.LayerNorm)
+    >>> nt.unregister_swap(MyNorm)
+    >>> nt.replace_modules(torch.nn.Sequential(MyNorm(8), torch.nn.LayerNorm(8)))
+    ['1']
+    """
     SWAPS.pop(cls, None)
     _DECLINED.add(cls)
 
@@ -224,7 +377,33 @@ def replace_modules(model):
     classes :mod:`normkernels.torch.zoo` recognizes) for normkernels' in
     place, keeping its parameters, buffers and hooks; returns the names of the swapped
     modules. Only exact classes are swapped (a subclass may override ``forward``);
-    :func:`restore_modules` undoes it."""
+    :func:`restore_modules` undoes it.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Changed in place.
+
+    Returns
+    -------
+    list of str
+        The names of the swapped modules (``named_modules``' names; ``""``: ``model``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> model = torch.nn.Sequential(torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
+    ...                             torch.nn.LayerNorm(3))
+    >>> x = torch.arange(24.0).reshape(2, 4, 3)
+    >>> want = model(x)
+    >>> nt.replace_modules(model)
+    ['0', '2']
+    >>> type(model[0]) is nt.BatchNorm1d, isinstance(model[0], torch.nn.BatchNorm1d)
+    (True, True)
+    >>> torch.allclose(model(x), want, atol=1e-6)
+    True
+    """
     swapped = []
     for name, module in model.named_modules():
         cls = type(module)
@@ -239,7 +418,28 @@ def replace_modules(model):
 
 def restore_modules(model):
     """Give every normkernels module of ``model`` back its class; returns the names
-    restored."""
+    restored.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Changed in place.
+
+    Returns
+    -------
+    list of str
+        The names of the restored modules.
+
+    Examples
+    --------
+    >>> import torch
+    >>> import normkernels.torch as nt
+    >>> model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    >>> nt.replace_modules(model), nt.restore_modules(model)
+    (['1'], ['1'])
+    >>> type(model[1]) is torch.nn.LayerNorm
+    True
+    """
     restored = []
     for name, module in model.named_modules():
         theirs = _RESTORE.get(type(module))
