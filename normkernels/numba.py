@@ -44,7 +44,46 @@ def _check(x, out, n_params, params_size):
 def layer_norm_row(x, scale, bias, epsilon, out):
     """``out = (x - mean) / sqrt(var + epsilon) * scale + bias`` over the row ``x``
     (as :func:`normkernels.layer_normalization` of one row); returns ``(mean, inv_std)``
-    in float64."""
+    in float64.
+
+    Parameters
+    ----------
+    x : ndarray
+        The row: 1-D, C-contiguous, float32 or float64.
+    scale, bias : ndarray
+        Of x's size and dtype.
+    epsilon : float
+        Added to the variance.
+    out : ndarray
+        Written: Y, of x's size and dtype (it may be ``x`` itself).
+
+    Returns
+    -------
+    mean, inv_std : float
+        The row's mean and ``1 / sqrt(var + epsilon)``, float64.
+
+    Raises
+    ------
+    ValueError
+        ``x`` or ``out`` not 1-D, or of different sizes; ``scale`` or ``bias`` not of x's
+        size.
+
+    Examples
+    --------
+    >>> from normkernels.numba import layer_norm_row
+    >>> x = np.arange(4, dtype=np.float32)
+    >>> out = np.empty_like(x)
+    >>> mean, inv_std = layer_norm_row(x, np.ones(4, np.float32), np.zeros(4, np.float32),
+    ...                                1e-5, out)
+    >>> out
+    array([-1.3416, -0.4472,  0.4472,  1.3416], dtype=float32)
+    >>> round(mean, 4), round(inv_std, 4)
+    (1.5, 0.8944)
+    >>> X = x.reshape(1, 4)
+    >>> np.array_equal(out, normkernels.layer_normalization(X, np.ones(4, np.float32),
+    ...                                                    np.zeros(4, np.float32))[0])
+    True
+    """
     _check(x, out, 1, scale.size)
     if bias.size != x.size:
         raise ValueError("bias must have x's size")
@@ -58,7 +97,42 @@ def layer_norm_row(x, scale, bias, epsilon, out):
 @njit(**_OPTIONS)
 def rms_norm_row(x, scale, epsilon, out):
     """``out = x / sqrt(mean(x**2) + epsilon) * scale`` over the row ``x`` (as
-    :func:`normkernels.rms_normalization`); returns ``inv_std`` in float64."""
+    :func:`normkernels.rms_normalization`); returns ``inv_std`` in float64.
+
+    Parameters
+    ----------
+    x : ndarray
+        The row: 1-D, C-contiguous, float32 or float64.
+    scale : ndarray
+        Of x's size and dtype.
+    epsilon : float
+        Added to the mean square.
+    out : ndarray
+        Written: Y, of x's size and dtype (it may be ``x`` itself).
+
+    Returns
+    -------
+    float
+        ``1 / sqrt(mean(x**2) + epsilon)``, float64.
+
+    Raises
+    ------
+    ValueError
+        ``x`` or ``out`` not 1-D, or of different sizes; ``scale`` not of x's size.
+
+    Examples
+    --------
+    >>> from normkernels.numba import rms_norm_row
+    >>> x = np.arange(4, dtype=np.float32)
+    >>> out = np.empty_like(x)
+    >>> round(rms_norm_row(x, np.full(4, 2.0, np.float32), 1e-5, out), 4)
+    0.5345
+    >>> out
+    array([0.    , 1.069 , 2.1381, 3.2071], dtype=float32)
+    >>> want = normkernels.rms_normalization(x.reshape(1, 4), np.full(4, 2.0, np.float32))
+    >>> np.array_equal(out, want[0])
+    True
+    """
     _check(x, out, 1, scale.size)
     mean, var = np.empty(1), np.empty(1)
     K = x.size
@@ -71,7 +145,37 @@ def rms_norm_row(x, scale, epsilon, out):
 def normalize_plane(x, mean, var, scale, bias, epsilon, out):
     """``out = (x - mean) / sqrt(var + epsilon) * scale + bias`` with scalar
     statistics and parameters: one channel's plane of per-channel inference (as
-    :func:`normkernels.batch_normalization`)."""
+    :func:`normkernels.batch_normalization`).
+
+    Parameters
+    ----------
+    x : ndarray
+        The plane: 1-D, C-contiguous, float32 or float64.
+    mean, var : float
+        The channel's statistics.
+    scale, bias : float
+        The channel's parameters.
+    epsilon : float
+        Added to the variance.
+    out : ndarray
+        Written: Y, of x's size and dtype (it may be ``x`` itself).
+
+    Raises
+    ------
+    ValueError
+        ``x`` or ``out`` not 1-D, or of different sizes.
+
+    Examples
+    --------
+    >>> from normkernels.numba import normalize_plane
+    >>> x = np.arange(4, dtype=np.float32)
+    >>> out = np.empty_like(x)
+    >>> normalize_plane(x, 1.5, 1.25, 2.0, 0.5, 1e-5, out)
+    >>> out
+    array([-2.1833, -0.3944,  1.3944,  3.1833], dtype=float32)
+    >>> np.allclose(out, (x - 1.5) / np.sqrt(1.25 + 1e-5) * 2.0 + 0.5)
+    True
+    """
     _check(x, out, 0, 0)
     dtype = x.dtype
     p = np.empty(4, dtype)
@@ -83,7 +187,31 @@ def normalize_plane(x, mean, var, scale, bias, epsilon, out):
 @njit(**_OPTIONS)
 def moments(x):
     """``(mean, variance)`` of the 1-D span ``x`` in float64 (population variance), as
-    the per-channel statistics compute them."""
+    the per-channel statistics compute them.
+
+    Parameters
+    ----------
+    x : ndarray
+        1-D, float32 or float64.
+
+    Returns
+    -------
+    mean, var : float
+        float64; NaN for an empty ``x``.
+
+    Raises
+    ------
+    ValueError
+        ``x`` is not 1-D.
+
+    Examples
+    --------
+    >>> from normkernels.numba import moments
+    >>> moments(np.arange(4, dtype=np.float32))
+    (1.5, 1.25)
+    >>> moments(np.array([0.1, 0.2, 0.4]))[0]
+    0.2333...
+    """
     if x.ndim != 1:
         raise ValueError("x must be 1-D")
     if x.size == 0:
