@@ -88,6 +88,40 @@ def run_node(node, inputs, opset=None):
     list
         One entry per output the node declares: an ndarray, or None where the output
         name is empty (an optional output that is not wanted).
+
+    Raises
+    ------
+    NotImplementedError
+        The node's operator is not one of :data:`SUPPORTED` (or not of its domain).
+    ValueError
+        Too few or too many inputs, a required input None, more outputs declared than
+        the operator produces at that opset, or an input or attribute its
+        :mod:`normkernels` function refuses.
+
+    Examples
+    --------
+    >>> from onnx import helper
+    >>> import normkernels.onnx
+    >>> X = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> node = helper.make_node("LayerNormalization", ["X", "Scale"], ["Y", "", "InvStdDev"])
+    >>> Y, mean, inv_std = normkernels.onnx.run_node(node, [X, np.ones(4, np.float32)])
+    >>> Y
+    array([[-1.3416, -0.4472,  0.4472,  1.3416],
+           [-1.3416, -0.4472,  0.4472,  1.3416]], dtype=float32)
+    >>> mean is None, inv_std
+    (True, array([[0.8944],
+                  [0.8944]], dtype=float32))
+
+    At opset 9 a BatchNormalization node's outputs say whether it trains:
+
+    >>> node = helper.make_node("BatchNormalization", ["X", "s", "B", "mean", "var"],
+    ...                         ["Y", "running_mean", "running_var"], momentum=0.9)
+    >>> X = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    >>> s, B, mean, var = (np.full(3, v, np.float32) for v in (1.0, 0.0, 0.0, 1.0))
+    >>> Y, running_mean, running_var = normkernels.onnx.run_node(
+    ...     node, [X, s, B, mean, var], opset=9)
+    >>> running_mean
+    array([0.35, 0.55, 0.75], dtype=float32)
     """
     op = _record(node)
     binding = op.onnx
@@ -156,7 +190,37 @@ def _model_opset(op):
 def reference_ops():
     """OpRun classes (one per operator of :data:`SUPPORTED`) for
     ``onnx.reference.ReferenceEvaluator(model, new_ops=reference_ops())``. They run
-    each node with :func:`run_node` at the model's opset."""
+    each node with :func:`run_node` at the model's opset.
+
+    Returns
+    -------
+    list of type
+        Subclasses of ``onnx.reference.op_run.OpRun``, named after their operators.
+
+    Examples
+    --------
+    >>> from onnx import TensorProto, helper
+    >>> from onnx.reference import ReferenceEvaluator
+    >>> import normkernels.onnx
+    >>> node = helper.make_node("InstanceNormalization", ["X", "scale", "B"], ["Y"])
+    >>> inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+    ...           for name in ("X", "scale", "B")]
+    >>> output = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    >>> model = helper.make_model(helper.make_graph([node], "g", inputs, [output]),
+    ...                           opset_imports=[helper.make_opsetid("", 22)])
+    >>> ops = normkernels.onnx.reference_ops()
+    >>> "InstanceNormalization" in [op.__name__ for op in ops]
+    True
+    >>> feeds = {"X": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+    ...          "scale": np.ones(3, np.float32), "B": np.zeros(3, np.float32)}
+    >>> (Y,) = ReferenceEvaluator(model, new_ops=ops).run(None, feeds)
+    >>> Y[0]
+    array([[-1.3416, -0.4472,  0.4472,  1.3416],
+           [-1.3416, -0.4472,  0.4472,  1.3416],
+           [-1.3416, -0.4472,  0.4472,  1.3416]], dtype=float32)
+    >>> np.allclose(Y, ReferenceEvaluator(model).run(None, feeds)[0])
+    True
+    """
     from onnx.reference.op_run import OpRun
 
     def _run(self, *inputs, **_ignored):
