@@ -25,6 +25,9 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
         Opset 1's legacy attribute: accepted and ignored; a TypeError in later opsets.
     opset : int
         The model's opset; the version used is the highest at or below it.
+    data_format : {"NCX", "NXC"}
+        Where the channels are: axis 1 (ONNX's layout, the default) or the last axis
+        (channels last).
     activation : str, optional
         An epilogue applied to Y in the same pass, before its one rounding (a package
         extension, not an ONNX attribute): None (default), "relu", "silu", "gelu_tanh" or
@@ -42,6 +45,16 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     ndarray
         The input's shape, dtype and memory order (``out`` when given).
 
+    Raises
+    ------
+    TypeError
+        A dtype the opset does not allow, scale or B not of input's dtype, an attribute
+        the opset does not have.
+    ValueError
+        input of fewer than 3 dimensions (opset 1: not 4-D), scale or B not of shape
+        (C,), a zero-size spatial extent, an unknown ``data_format`` or
+        ``activation``, ``out`` not of input's shape and dtype.
+
     Notes
     -----
     Statistics are accumulated in float64 (16-bit input: float32 runs joined in
@@ -49,6 +62,19 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     planes), in an order that
     does not depend on the thread count. Each plane is normalized right after its
     statistics while it is still in cache (NCX), so X is read from memory about once.
+
+    Examples
+    --------
+    >>> x = np.arange(12, dtype=np.float32).reshape(1, 3, 4)  # N x C x D
+    >>> scale, B = np.array([1, 2, 3], np.float32), np.zeros(3, np.float32)
+    >>> y = normkernels.instance_normalization(x, scale, B)
+    >>> np.round(y[0], 4)
+    array([[-1.3416, -0.4472,  0.4472,  1.3416],
+           [-2.6833, -0.8944,  0.8944,  2.6833],
+           [-4.0249, -1.3416,  1.3416,  4.0249]], dtype=float32)
+    >>> mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    >>> np.allclose(y, scale[:, None] * (x - mu) / np.sqrt(var + 1e-5))
+    True
     """
     return _in.instance_normalization(input, scale, B, epsilon=epsilon,
                                       consumed_inputs=consumed_inputs, opset=opset,
