@@ -39,6 +39,9 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
         (see Notes), so the value changes no result.
     opset : int
         The model's opset; the version used is the highest at or below it.
+    data_format : {"NCX", "NXC"}
+        Where the channels are: axis 1 (ONNX's layout, the default) or the last axis
+        (channels last).
     activation : str, optional
         An epilogue applied to Y in the same pass, before its one rounding (a package
         extension, not an ONNX attribute): None (default), "relu", "silu", "gelu_tanh" or
@@ -56,6 +59,15 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     ndarray
         X's shape, dtype and memory order (``out`` when given).
 
+    Raises
+    ------
+    TypeError
+        A dtype other than the four floats, scale or bias not of X's dtype.
+    ValueError
+        X of fewer than 2 dimensions, ``num_groups`` not a divisor of C, scale or bias
+        of another shape than the opset's, an unknown ``stash_type``, ``data_format`` or
+        ``activation``, ``out`` not of X's shape and dtype.
+
     Notes
     -----
     Statistics are float64 (16-bit X: float32 runs joined in float64), centred (the
@@ -64,6 +76,19 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     count. The normalized value is scaled and shifted before its one rounding to X's
     dtype (the body rounds it to T first). NCX groups that fit in cache are normalized
     right after their statistics, so X is read from memory once.
+
+    Examples
+    --------
+    >>> X = np.arange(16, dtype=np.float32).reshape(1, 4, 4)  # N x C x D, 2 groups
+    >>> scale, bias = np.ones(4, np.float32), np.zeros(4, np.float32)
+    >>> Y = normkernels.group_normalization(X, scale, bias, num_groups=2)
+    >>> np.round(Y[0, :2], 4)  # the first group: channels 0 and 1
+    array([[-1.5275, -1.0911, -0.6547, -0.2182],
+           [ 0.2182,  0.6547,  1.0911,  1.5275]], dtype=float32)
+    >>> G = X.reshape(1, 2, 8)
+    >>> Z = (G - G.mean(-1, keepdims=True)) / np.sqrt(G.var(-1, keepdims=True) + 1e-5)
+    >>> np.allclose(Y, Z.reshape(X.shape))
+    True
     """
     return _gn.group_normalization(X, scale, bias, num_groups=num_groups, epsilon=epsilon,
                                    stash_type=stash_type, opset=opset, data_format=data_format,
@@ -96,6 +121,13 @@ def mean_variance_normalization(X, *, axes=(0, 2, 3), opset=13, out=None):
     ndarray
         X's shape and dtype (``out`` when given).
 
+    Raises
+    ------
+    TypeError
+        A dtype the opset does not allow.
+    ValueError
+        An axis out of range or named twice, ``out`` not of X's shape and dtype.
+
     Notes
     -----
     The body computes ``E[x^2] - E[x]^2`` (negative when it cancels, then NaN) and
@@ -103,6 +135,18 @@ def mean_variance_normalization(X, *, axes=(0, 2, 3), opset=13, out=None):
     package's moments kernels), ``1 / (std + 1e-9)`` is float64, and the normalize
     runs in float32 (float64 for float64 X), rounded once to X's dtype, for every T.
     Kept axes that are consecutive run in place; others through a transposed copy.
+
+    Examples
+    --------
+    >>> X = np.arange(12, dtype=np.float32).reshape(1, 3, 2, 2)  # NCHW
+    >>> Y = normkernels.mean_variance_normalization(X)  # per channel
+    >>> np.round(Y[0, 0], 4)
+    array([[-1.3416, -0.4472],
+           [ 0.4472,  1.3416]], dtype=float32)
+    >>> axes = (0, 2, 3)
+    >>> mu, std = X.mean(axes, keepdims=True), X.std(axes, keepdims=True)
+    >>> np.allclose(Y, (X - mu) / (std + 1e-9))
+    True
     """
     return _mvn.mean_variance_normalization(X, axes=axes, opset=opset, out=out, engine=ENGINE)
 
@@ -133,6 +177,14 @@ def lp_normalization(input, *, axis=-1, p=2, opset=22, out=None):
     ndarray
         The input's shape and dtype, in its memory order (``out`` when given).
 
+    Raises
+    ------
+    TypeError
+        A dtype the opset does not allow.
+    ValueError
+        ``axis`` out of range, ``p`` not 1 or 2, ``out`` not of input's shape and
+        dtype.
+
     Notes
     -----
     p = 1 sums absolute values, as the formula says; the ONNX reference implementation
@@ -151,6 +203,19 @@ def lp_normalization(input, *, axis=-1, p=2, opset=22, out=None):
     values) is recomputed from the vector scaled by a power of two, as hypot does, so
     such vectors normalize to full precision. A NaN gives NaN in its own vector only;
     an infinite element gives the formula's IEEE result (``x / inf``).
+
+    Examples
+    --------
+    >>> x = np.array([[3, 4], [1, -3]], np.float32)
+    >>> normkernels.lp_normalization(x)
+    array([[ 0.6   ,  0.8   ],
+           [ 0.3162, -0.9487]], dtype=float32)
+    >>> normkernels.lp_normalization(x, p=1)
+    array([[ 0.4286,  0.5714],
+           [ 0.25  , -0.75  ]], dtype=float32)
+    >>> y = np.empty_like(x)
+    >>> normkernels.lp_normalization(x, out=y) is y
+    True
     """
     return _lp.lp_normalization(input, axis=axis, p=p, opset=opset, out=out, engine=ENGINE)
 
@@ -179,6 +244,8 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset=13, data_format="NCX"
         Finite; defaults 1e-4, 0.75 and 1.0 (the schema's).
     opset : int
         The model's opset; the version used is the highest at or below it.
+    data_format : {"NCX", "NXC"}
+        Where the channels are: axis 1 (the default) or the last axis.
     out : ndarray, optional
         Where to write Y (X's shape and dtype); may be X itself, and may overlap it
         (X is then copied first).
@@ -187,6 +254,15 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset=13, data_format="NCX"
     -------
     ndarray
         X's shape, dtype and memory order (``out`` when given).
+
+    Raises
+    ------
+    TypeError
+        A dtype the opset does not allow.
+    ValueError
+        X of fewer than 2 dimensions, ``size`` not a positive integer, a non-finite
+        alpha, beta or bias, an unknown ``data_format``, ``out`` not of X's shape and
+        dtype.
 
     Notes
     -----
@@ -197,6 +273,17 @@ def lrn(X, *, size, alpha=1e-4, beta=0.75, bias=1.0, opset=13, data_format="NCX"
     ``sqrt(base) * sqrt(sqrt(base))``, within 2 float64 ulps of it. A base of zero or
     below gives what IEEE arithmetic gives (inf or NaN), and so do float64 squares
     beyond float64's range (``|x|`` above about 1e154: the base is infinite, Y zero).
+
+    Examples
+    --------
+    >>> X = np.arange(1, 9, dtype=np.float32).reshape(1, 4, 2)  # N x C x D
+    >>> Y = normkernels.lrn(X, size=3, alpha=0.1)
+    >>> np.round(Y[0, 0], 4)
+    array([0.8059, 1.3635], dtype=float32)
+    >>> sq = np.pad(X**2, ((0, 0), (1, 1), (0, 0)))  # zeros beyond the edges
+    >>> square_sum = sq[:, :-2] + sq[:, 1:-1] + sq[:, 2:]
+    >>> np.allclose(Y, X / (1.0 + 0.1 / 3 * square_sum) ** 0.75)
+    True
     """
     return _lrn.lrn(X, size=size, alpha=alpha, beta=beta, bias=bias, opset=opset,
                     data_format=data_format, out=out, engine=ENGINE)
@@ -237,6 +324,25 @@ def ort_group_norm(X, gamma, beta, *, groups, activation, epsilon=1e-5, channels
     -------
     ndarray
         X's shape and dtype (``out`` when given).
+
+    Raises
+    ------
+    TypeError
+        A dtype other than the four floats, gamma and beta not of one dtype.
+    ValueError
+        X of fewer than 3 dimensions, ``groups`` not a divisor of C, gamma or beta not
+        of shape (C,), ``activation`` or ``channels_last`` not 0 or 1, ``out`` not of
+        X's shape and dtype.
+
+    Examples
+    --------
+    >>> X = np.arange(16, dtype=np.float32).reshape(1, 2, 2, 4)  # N x H x W x C
+    >>> gamma, beta = np.ones(4, np.float32), np.zeros(4, np.float32)
+    >>> Y = normkernels.ort_group_norm(X, gamma, beta, groups=2, activation=1)
+    >>> GN = normkernels.group_normalization(X, gamma, beta, num_groups=2,
+    ...                                      data_format="NXC")
+    >>> np.allclose(Y, GN / (1 + np.exp(-GN)))  # SiLU
+    True
     """
     return _ort.ort_group_norm(X, gamma, beta, groups=groups, activation=activation,
                                epsilon=epsilon, channels_last=channels_last, out=out,
@@ -266,6 +372,25 @@ def ort_skip_group_norm(X, gamma, beta, skip, bias=None, *, groups, activation, 
         Y, or ``(Y, S)``: S (a new C-contiguous array of X's shape and dtype) is ``(X +
         skip) + bias`` rounded once to X's dtype, and Y is the normalization of S as
         returned (as the package's SkipLayerNormalization).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`ort_group_norm`; also skip or bias of another shape or dtype, and
+        ``num_outputs`` not 1 or 2.
+
+    Examples
+    --------
+    >>> X = np.arange(16, dtype=np.float32).reshape(1, 2, 2, 4)  # N x H x W x C
+    >>> gamma, beta = np.ones(4, np.float32), np.zeros(4, np.float32)
+    >>> skip = np.array([[1, 1, 2, 2]], np.float32)  # (N, C)
+    >>> Y, S = normkernels.ort_skip_group_norm(X, gamma, beta, skip, groups=2,
+    ...                                        activation=0, num_outputs=2)
+    >>> S[0, 0]
+    array([[1., 2., 4., 5.],
+           [5., 6., 8., 9.]], dtype=float32)
+    >>> np.allclose(Y, normkernels.ort_group_norm(S, gamma, beta, groups=2, activation=0))
+    True
     """
     return _ort.ort_skip_group_norm(X, gamma, beta, skip, bias, groups=groups,
                                     activation=activation, epsilon=epsilon,
@@ -292,6 +417,8 @@ def ada_group_norm(X, shift, scale, *, num_groups, epsilon=1e-5, data_format="NC
         Required; must divide C.
     epsilon : float
         Default 1e-5.
+    data_format : {"NCX", "NXC"}
+        Where the channels are: axis 1 (the default) or the last axis.
     out : ndarray, optional
         Where to write Y (X's shape and dtype); may be X itself.
 
@@ -300,6 +427,25 @@ def ada_group_norm(X, shift, scale, *, num_groups, epsilon=1e-5, data_format="NC
     ndarray
         X's shape and dtype; with ``scale = shift = 0``, ``group_normalization(X, ones,
         zeros)`` bit for bit.
+
+    Raises
+    ------
+    TypeError
+        A dtype other than the four floats.
+    ValueError
+        X of fewer than 3 dimensions, shift or scale not of shape (N, C),
+        ``num_groups`` not a divisor of C, an unknown ``data_format``.
+
+    Examples
+    --------
+    >>> X = np.arange(16, dtype=np.float32).reshape(1, 4, 2, 2)  # NCHW
+    >>> shift = np.array([[0, 0, 1, 1]], np.float32)
+    >>> scale = np.array([[0, 1, 0, 1]], np.float32)
+    >>> Y = normkernels.ada_group_norm(X, shift, scale, num_groups=2)
+    >>> GN = normkernels.group_normalization(X, np.ones(4, np.float32),
+    ...                                      np.zeros(4, np.float32), num_groups=2)
+    >>> np.allclose(Y, GN * (1 + scale[..., None, None]) + shift[..., None, None])
+    True
     """
     return _mod.ada_group_norm(X, shift, scale, num_groups=num_groups, epsilon=epsilon,
                                data_format=data_format, out=out, engine=ENGINE)
