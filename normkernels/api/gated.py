@@ -45,6 +45,14 @@ def gated_rms_normalization(x, gate, weight, bias=None, *, epsilon=1e-6, group_s
     ndarray
         Y of x's shape and dtype (``out`` when given).
 
+    Raises
+    ------
+    TypeError
+        A dtype other than the four floats, gate, weight or bias not of x's dtype.
+    ValueError
+        gate not of x's shape, weight or bias not of shape (hidden,), ``group_size``
+        not a positive divisor of hidden, a non-finite epsilon.
+
     Notes
     -----
     The mean square is accumulated in float64; ``1 / sqrt(ms + epsilon)`` is rounded
@@ -56,6 +64,20 @@ def gated_rms_normalization(x, gate, weight, bias=None, *, epsilon=1e-6, group_s
     the weight (Llama rounding) and differs in the last bit for 16-bit x. SiLU is the
     package's (the one of the ``activation="silu"`` epilogues, the same bits on every
     CPU, within a few float32 units of roundoff of ``z * sigmoid(z)``).
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> gate, weight = np.full_like(x, 2.0), np.ones(4, np.float32)
+    >>> y = normkernels.gated_rms_normalization(x, gate, weight)
+    >>> silu = gate / (1 + np.exp(-gate))
+    >>> np.allclose(y, x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6) * weight * silu)
+    True
+    >>> y = normkernels.gated_rms_normalization(x, gate, weight, group_size=2)
+    >>> xg = x.reshape(2, 2, 2)  # two groups of two features per row
+    >>> np.allclose(y, (xg / np.sqrt((xg**2).mean(-1, keepdims=True) + 1e-6)).reshape(2, 4)
+    ...             * weight * silu)
+    True
     """
     return _gated.gated_rms_normalization(x, gate, weight, bias, epsilon=epsilon,
                                           group_size=group_size,
@@ -82,6 +104,11 @@ def gated_rms_normalization_backward(dY, x, gate, weight, bias=None, *, epsilon=
         ``(hidden,)`` and weight's dtype, as torch autograd of the composite returns
         them (and mamba_ssm's ``_layer_norm_bwd``, ``dw.to(weight.dtype)``).
 
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`gated_rms_normalization`; also dY not of x's shape and dtype.
+
     Notes
     -----
     Computed in float64 throughout (statistics, SiLU and its derivative ``s (1 + z
@@ -93,6 +120,17 @@ def gated_rms_normalization_backward(dY, x, gate, weight, bias=None, *, epsilon=
     ``dx * silu(gate)`` and ``dgate = dx * x * silu'(gate)``). ``dweight = sum(d * h)``
     and ``dbias = sum(d)`` over all rows, in float64, in an order fixed by the shape
     (blocks of rows, then the blocks in order): the same bits for any thread count.
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> gate, weight = np.full_like(x, 2.0), np.ones(4, np.float32)
+    >>> dY = np.ones_like(x)
+    >>> dx, dgate, dweight = normkernels.gated_rms_normalization_backward(dY, x, gate, weight)
+    >>> h = x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
+    >>> silu = gate / (1 + np.exp(-gate))
+    >>> np.allclose(dweight, (dY * silu * h).sum(axis=0))
+    True
     """
     return _gated.gated_rms_normalization_backward(dY, x, gate, weight, bias, epsilon=epsilon,
                                                    group_size=group_size,
@@ -148,6 +186,19 @@ def qk_rms_normalization(qkv, q_weight, k_weight, *, num_q_heads, num_kv_heads, 
     -----
     The mean square of a head is accumulated in float64 and ``1 / sqrt(ms +
     epsilon)`` rounded once to the compute dtype.
+
+    Examples
+    --------
+    >>> qkv = np.arange(24, dtype=np.float32).reshape(2, 12)  # 2 tokens: q, k, v of 4
+    >>> w = np.ones(4, np.float32)
+    >>> out = normkernels.qk_rms_normalization(qkv, w, w, num_q_heads=1, num_kv_heads=1,
+    ...                                        head_dim=4)
+    >>> out is qkv
+    True
+    >>> np.round(qkv[0, :4], 4)  # token 0's q head, normalized
+    array([0.    , 0.5345, 1.069 , 1.6036], dtype=float32)
+    >>> qkv[0, 8:]  # its v head, untouched
+    array([ 8.,  9., 10., 11.], dtype=float32)
     """
     return _qk.qk_rms_normalization(qkv, q_weight, k_weight, num_q_heads=num_q_heads,
                                     num_kv_heads=num_kv_heads, head_dim=head_dim,

@@ -39,6 +39,15 @@ def fused_add_rms_norm(x, residual, weight, *, epsilon=1e-6, offset=0.0, roundin
     Returns
     -------
     None
+        x and residual are written in place.
+
+    Raises
+    ------
+    TypeError
+        A dtype other than the four floats, or the arrays not of one dtype.
+    ValueError
+        residual not of x's shape, weight not of shape (hidden,), x or residual
+        read-only, x and residual sharing memory, an unknown ``rounding``.
 
     Notes
     -----
@@ -47,6 +56,18 @@ def fused_add_rms_norm(x, residual, weight, *, epsilon=1e-6, offset=0.0, roundin
     the rounded sum. One pass over the rows: each block of rows is added, reduced and
     normalized while it is in cache (onnxruntime's SkipSimplifiedLayerNormalization
     kernel, which is the out-of-place form of this function).
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)  # a sublayer's output
+    >>> residual = np.ones_like(x)                         # the residual stream
+    >>> normkernels.fused_add_rms_norm(x, residual, np.ones(4, np.float32))
+    >>> residual
+    array([[1., 2., 3., 4.],
+           [5., 6., 7., 8.]], dtype=float32)
+    >>> np.round(x, 4)
+    array([[0.3651, 0.7303, 1.0954, 1.4606],
+           [0.7581, 0.9097, 1.0613, 1.213 ]], dtype=float32)
     """
     return _fused.fused_add_rms_norm(x, residual, weight, epsilon=epsilon, offset=offset,
                                      rounding=rounding, engine=ENGINE)
@@ -78,6 +99,24 @@ def fused_add_layer_norm(x, residual, weight, bias=None, *, epsilon=1e-5, offset
     Returns
     -------
     None
+        x and residual are written in place.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`fused_add_rms_norm`; also bias of another shape or dtype.
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> residual = np.ones_like(x)
+    >>> weight, bias = np.ones(4, np.float32), np.zeros(4, np.float32)
+    >>> normkernels.fused_add_layer_norm(x, residual, weight, bias)
+    >>> np.allclose(x, normkernels.layer_normalization(residual, weight, bias))
+    True
+    >>> np.round(x, 4)
+    array([[-1.3416, -0.4472,  0.4472,  1.3416],
+           [-1.3416, -0.4472,  0.4472,  1.3416]], dtype=float32)
     """
     return _fused.fused_add_layer_norm(x, residual, weight, bias, epsilon=epsilon,
                                        offset=offset, rounding=rounding, engine=ENGINE)

@@ -44,6 +44,16 @@ _SECTIONS = """
         (1,)``, or ``x.shape[:-1] + (hidden // group_size,)``. Dequantize with ``q *
         scales`` (per group).
 
+    Raises
+    ------
+    TypeError
+        x not of the four float dtypes, the parameters not of x's dtype, ``dtype`` not
+        int8 or float8_e4m3fn.
+    ValueError
+        weight (or bias) not of shape (hidden,), ``group_size`` not a positive divisor
+        of hidden or given with ``static_scale``, a scale not positive and finite,
+        residual sharing memory with x, a NaN quotient with int8.
+
     Notes
     -----
     Per row: float64 statistics, as the row normalizations compute them (the row is
@@ -89,6 +99,18 @@ def quantized_rms_normalization(x, weight, *, dtype, epsilon=1e-6, static_scale=
 
     Per row (the last axis): ``y = x / sqrt(mean(x**2) + epsilon) * (offset +
     weight)``, ``q = quant(y / s)``.
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> weight = np.ones(4, np.float32)
+    >>> q, scales = normkernels.quantized_rms_normalization(x, weight, dtype=np.int8)
+    >>> q
+    array([[  0,  42,  85, 127],
+           [ 73,  91, 109, 127]], dtype=int8)
+    >>> y = normkernels.rms_normalization(x, weight, epsilon=1e-6)
+    >>> np.allclose(q * scales, y, atol=scales.max() / 2)  # within half a step
+    True
     """
     return _q.quantized_rms_normalization(x, weight, dtype=dtype, epsilon=epsilon,
                                           static_scale=static_scale, group_size=group_size,
@@ -105,6 +127,16 @@ def quantized_layer_normalization(x, weight, bias=None, *, dtype, epsilon=1e-6,
 
     Per row (the last axis): ``y = (x - mean) / sqrt(var + epsilon) * (offset +
     weight) + bias`` (population variance), ``q = quant(y / s)``.
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> weight = np.ones(4, np.float32)
+    >>> q, scale = normkernels.quantized_layer_normalization(x, weight, dtype=np.int8,
+    ...                                                      static_scale=0.05)
+    >>> q, scale
+    (array([[-27,  -9,   9,  27],
+           [-27,  -9,   9,  27]], dtype=int8), array(0.05, dtype=float32))
     """
     return _q.quantized_layer_normalization(x, weight, bias, dtype=dtype, epsilon=epsilon,
                                             static_scale=static_scale, group_size=group_size,
