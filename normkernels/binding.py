@@ -101,7 +101,50 @@ def _spec(function):
 
 
 def bind(function, *args, **kwargs):
-    """See the module docstring and :func:`normkernels.bind`."""
+    """Bind a call: ``function(*args, **kwargs)`` prepared once for fixed arrays.
+
+    The arguments are checked as the call checks them; the callable returned computes
+    the call from the arrays' *current* contents and returns the result (the same
+    output array each time: ``out``, or one allocated at binding). Per-channel
+    inference, row normalizations, and instance or group normalization of
+    channels-first memory, whose only output is Y and whose arrays need no conversion
+    or copy, are bound as one compiled call on the serial path; anything else as the
+    plain call (still correct, no faster). The arrays must stay alive and keep their
+    memory, as with onnxruntime's io-binding. See the module docstring.
+
+    Parameters
+    ----------
+    function : callable
+        A public operator of normkernels (``normkernels.layer_normalization``...).
+    *args, **kwargs
+        Its arguments, as they would be passed to it.
+
+    Returns
+    -------
+    callable
+        A function of no arguments that computes ``function(*args, **kwargs)`` and
+        returns its result.
+
+    Raises
+    ------
+    TypeError
+        ``function`` is not a normkernels operator.
+    TypeError, ValueError
+        What ``function(*args, **kwargs)`` raises: the arguments are checked at
+        binding. A bound call whose ``out`` was made read-only since raises
+        ValueError.
+
+    Examples
+    --------
+    >>> X = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> scale, Y = np.ones(4, np.float32), np.empty_like(X)
+    >>> call = normkernels.bind(normkernels.rms_normalization, X, scale, out=Y)
+    >>> X += 1  # new contents, the same memory
+    >>> call() is Y
+    True
+    >>> np.array_equal(Y, normkernels.rms_normalization(X, scale))
+    True
+    """
     if not callable(function) or not _public(function):
         raise TypeError(f"bind: function must be a normkernels operator, got {function!r}")
     fast = _bound_kernel(function, args, kwargs)

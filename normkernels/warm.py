@@ -119,7 +119,41 @@ def warmup(ops=None, dtypes=None, layouts=None, *, progress=None, jobs=1):
     the shared disk cache first, each taking whole (dtype, operator) groups, so that
     two processes rarely compile one kernel; this process then loads every kernel from
     the cache (milliseconds each). The labels' seconds are then the compiling
-    processes' times."""
+    processes' times.
+
+    Parameters
+    ----------
+    ops : str or list of str, optional
+        Operator record names or public function names; None: every operator.
+    dtypes : str or list, optional
+        "float16", "bfloat16", "float32", "float64" or a list of names or dtypes;
+        None: each operator's dtypes.
+    layouts : str or list of str, optional
+        "NCX", "NXC" or both (None); row normalizations have one layout.
+    progress : callable, optional
+        ``progress(i, n, label)``, called before each of the ``n`` calls.
+    jobs : int or None
+        How many processes compile (default 1: this one; None: one per core).
+
+    Returns
+    -------
+    list of (str, float)
+        ``(label, seconds)`` for every call run, in order.
+
+    Raises
+    ------
+    ValueError
+        An unknown operator, dtype or layout name, ``jobs`` below 1.
+
+    Examples
+    --------
+    >>> done = normkernels.warmup("rms_normalization", dtypes=["float32"])
+    >>> label, seconds = done[0]
+    >>> label.split()[:2]
+    ['float32', 'rmsnorm']
+    >>> all(seconds >= 0 for _, seconds in done)
+    True
+    """
     import os
 
     todo = calls(ops, dtypes, layouts)
