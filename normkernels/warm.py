@@ -54,8 +54,12 @@ def calls(ops=None, dtypes=None, layouts=None):
     names = _select("ops", ops, list(OPERATORS),
                     {op.function: op.name for op in OPERATORS.values()})
     if dtypes is not None:
-        dtypes = [dtypes] if isinstance(dtypes, str) else [
-            d if isinstance(d, str) else np.dtype(d).name for d in dtypes]
+        single = isinstance(dtypes, (str, np.dtype, type))  # one name or dtype
+        if not single and not isinstance(dtypes, (list, tuple, set, frozenset)):
+            raise TypeError(f"warmup: dtypes must be a dtype, its name, or a list of them; "
+                            f"got {dtypes!r}")
+        dtypes = [d if isinstance(d, str) else np.dtype(d).name
+                  for d in ([dtypes] if single else dtypes)]
     dtype_names = _select("dtypes", dtypes, list(DTYPES))
     layout_names = _select("layouts", layouts, LAYOUTS)
     import numba
@@ -125,9 +129,9 @@ def warmup(ops=None, dtypes=None, layouts=None, *, progress=None, jobs=1):
     ----------
     ops : str or list of str, optional
         Operator record names or public function names; None: every operator.
-    dtypes : str or list, optional
-        "float16", "bfloat16", "float32", "float64" or a list of names or dtypes;
-        None: each operator's dtypes.
+    dtypes : str, dtype or list, optional
+        "float16", "bfloat16", "float32", "float64", a dtype (``np.float32``), or a
+        list of names or dtypes; None: each operator's dtypes.
     layouts : str or list of str, optional
         "NCX", "NXC" or both (None); row normalizations have one layout.
     progress : callable, optional

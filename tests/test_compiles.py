@@ -265,3 +265,15 @@ def test_after_warmup_no_call_compiles(name, dtype):
     assert done.returncode == 0, done.stderr[-3000:]
     compiled = json.loads(done.stdout.strip().splitlines()[-1])
     assert not compiled, compiled
+
+
+def test_warmup_takes_a_dtype_its_name_or_a_list_and_names_a_wrong_one():
+    from normkernels import warm
+
+    def labels(dtypes):
+        return [label for label, _ in warm.calls("rms_normalization", dtypes)]
+
+    one = labels("float32")
+    assert one and labels(np.float32) == one and labels([np.dtype(np.float32)]) == one
+    with pytest.raises(TypeError, match="dtypes must be"):
+        warm.calls("rms_normalization", 3)
