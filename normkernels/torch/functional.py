@@ -144,7 +144,7 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     Parameters
     ----------
     input : torch.Tensor
-        (N, C, *): a CPU tensor of float16, bfloat16, float32 or float64 (channels_last
+        ``(N, C, *)``: a CPU tensor of float16, bfloat16, float32 or float64 (channels_last
         too).
     num_groups : int
         The groups the C channels are split into (it divides C); the statistics are per
@@ -268,7 +268,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     Parameters
     ----------
     input : torch.Tensor
-        (N, C, *): a CPU tensor of float16, bfloat16, float32 or float64 (channels_last
+        ``(N, C, *)``: a CPU tensor of float16, bfloat16, float32 or float64 (channels_last
         too).
     running_mean, running_var : torch.Tensor or None
         Of shape (C,): the statistics used when not ``training`` (then required), and
