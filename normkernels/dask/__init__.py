@@ -43,7 +43,9 @@ The functions here are built from the operator table: a record's ``chunked``
 ``normkernels.dask.<function>`` is that strategy applied to the record. The
 strategies: :mod:`normkernels.dask.channels` (per-channel parameters),
 :mod:`normkernels.dask.rows` (row normalizations), :mod:`normkernels.dask.whole`
-(any record); their shared tree reduction is :mod:`normkernels.dask.reduction`.
+(any record); their shared tree reduction is :mod:`normkernels.dask.reduction`, and
+:mod:`normkernels.dask.docstrings` completes each function's docstring from its record
+(the Parameters, Returns, Raises and a running example).
 """
 
 from normkernels.dask import channels, rows, whole

@@ -11,6 +11,7 @@ import importlib
 import numpy as np
 
 from normkernels import api
+from normkernels.dask.docstrings import document
 from normkernels.dask.reduction import (
     blockwise,
     channel_axis,
@@ -22,6 +23,10 @@ from normkernels.dask.reduction import (
 )
 from normkernels.ops import common
 from normkernels.ops import layer_normalization as _ln
+
+# what the docstrings say of the parameters and of Y (normkernels.dask.docstrings)
+PER_CHANNEL = "NumPy or dask arrays of shape (C,), rechunked like X's channel axis"
+Y_RETURNED = ("dask.array.Array", "Lazy Y, of X's shape, dtype and chunks.")
 
 
 def _spec(op):
@@ -92,7 +97,19 @@ def batch(op):
         Y = blockwise(normalize, X, c_axis, batch, X.dtype)
         return Y, running_mean, running_var
 
-    return batch_normalization
+    return document(
+        op, batch_normalization, ("dask.array.Array or tuple of dask.array.Array",
+                                  "Inference: lazy Y, of X's shape, dtype and chunks. "
+                                  "Training: lazy ``(Y, running_mean, running_var)``, the "
+                                  "running statistics in input_mean's dtype. With ``out``: "
+                                  "``out``, computed (in training with the running "
+                                  "statistics as NumPy arrays)."),
+        inputs=PER_CHANNEL,
+        arguments={"out": ("ndarray, optional", "A NumPy array of X's shape and dtype: "
+                           "everything is computed now, each block's Y written straight "
+                           "into it.")},
+        raises=[("NotImplementedError", "``opset`` below 14 (the opsets whose outputs say "
+                 "whether a node trains).")])
 
 
 def given(op):
@@ -112,7 +129,7 @@ def given(op):
 
         return blockwise(normalize, input, c_axis, params, input.dtype)
 
-    return batch_norm_inference
+    return document(op, batch_norm_inference, Y_RETURNED, inputs=PER_CHANNEL)
 
 
 def instance(op):
@@ -154,7 +171,7 @@ def instance(op):
                             (c_axis,), mean, (0, c_axis), var, (0, c_axis), dtype=input.dtype,
                             concatenate=True)
 
-    return instance_normalization
+    return document(op, instance_normalization, Y_RETURNED, inputs=PER_CHANNEL)
 
 
 def group(op):
@@ -219,4 +236,5 @@ def group(op):
                             (c_axis,), mean_c, (0, c_axis), var_c, (0, c_axis), dtype=X.dtype,
                             concatenate=True)
 
-    return group_normalization
+    return document(op, group_normalization, Y_RETURNED,
+                    inputs=PER_CHANNEL + " (opset 18: per group, of shape (num_groups,))")

@@ -120,7 +120,40 @@ def reduce_moments(X, data_format, per_sample, split_every):
 def partial_moments(X, *, data_format="NCX", split_every=None):
     """Per-channel ``(count, mean, M2)`` of a dask array, as three lazy dask arrays
     (int64, float64, float64) of shape (C,): normkernels' partials of every block,
-    merged by Chan's formula in dask's tree reduction."""
+    merged by Chan's formula in dask's tree reduction.
+
+    Parameters
+    ----------
+    X : dask.array.Array
+        (N, C, ...) or (N, ..., C), chunked along any axes (its chunk sizes known).
+    data_format : {"NCX", "NXC"}, default "NCX"
+        Where the channel axis is: axis 1, or the last.
+    split_every : int or dict, optional
+        The fan-in of dask's tree reduction (``dask.array.reduction``'s).
+
+    Returns
+    -------
+    count, mean, M2 : dask.array.Array
+        Lazy, of shape (C,): the values per channel (int64), their mean and the sum of
+        their squared deviations from it (float64).
+
+    Raises
+    ------
+    TypeError
+        ``X`` is not a dask array.
+    ValueError
+        ``X`` has unknown chunk sizes, fewer than 2 dimensions, or an unknown
+        ``data_format``.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import normkernels.dask
+    >>> X = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    >>> count, mean, M2 = normkernels.dask.partial_moments(da.from_array(X, chunks=(1, 2, 2)))
+    >>> count.compute(), mean.compute(), M2.compute()
+    (array([8, 8, 8]), array([ 7.5, 11.5, 15.5]), array([298., 298., 298.]))
+    """
     check(X)
     part = reduce_moments(X, data_format, False, split_every)
     return part["count"], part["mean"], part["M2"]
@@ -129,7 +162,41 @@ def partial_moments(X, *, data_format="NCX", split_every=None):
 def moments(X, *, data_format="NCX", split_every=None):
     """Per-channel mean and population variance of a dask array (lazy, shape (C,)),
     float64 for float32/float64 X and float32 for 16-bit X, as
-    :func:`normkernels.moments`."""
+    :func:`normkernels.moments`.
+
+    Parameters
+    ----------
+    X : dask.array.Array
+        (N, C, ...) or (N, ..., C), chunked along any axes (its chunk sizes known).
+    data_format : {"NCX", "NXC"}, default "NCX"
+        Where the channel axis is: axis 1, or the last.
+    split_every : int or dict, optional
+        The fan-in of dask's tree reduction (``dask.array.reduction``'s).
+
+    Returns
+    -------
+    mean, var : dask.array.Array
+        Lazy, of shape (C,).
+
+    Raises
+    ------
+    TypeError
+        ``X`` is not a dask array.
+    ValueError
+        ``X`` has unknown chunk sizes, fewer than 2 dimensions, or an unknown
+        ``data_format``.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import normkernels.dask
+    >>> X = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    >>> mean, var = normkernels.dask.moments(da.from_array(X, chunks=(1, 2, 2)))
+    >>> mean.compute(), var.compute()
+    (array([ 7.5, 11.5, 15.5]), array([37.25, 37.25, 37.25]))
+    >>> all(np.allclose(a.compute(), b) for a, b in zip((mean, var), normkernels.moments(X)))
+    True
+    """
     count, mean, m2 = partial_moments(X, data_format=data_format, split_every=split_every)
     out = np.float64 if X.dtype in (np.float32, np.float64) else np.float32
     return mean.astype(out), (m2 / count).astype(out)

@@ -17,6 +17,7 @@ import importlib
 import numpy as np
 
 from normkernels import api
+from normkernels.dask.docstrings import document
 from normkernels.dask.reduction import (
     PARTIAL,
     aggregate,
@@ -93,7 +94,48 @@ def row_moments(X, *, axis=-1, centered=True, split_every=None):
     merged by Chan's formula in dask's tree reduction. ``var`` is the population
     variance, or with ``centered=False`` the mean square (and ``mean`` 0): the
     statistics :func:`layer_normalization` and :func:`rms_normalization` normalize
-    with."""
+    with.
+
+    Parameters
+    ----------
+    X : dask.array.Array
+        Of a float dtype, chunked along any axes (its chunk sizes known).
+    axis : int, default -1
+        The first normalized axis: each row is ``X[i, ..., :, ...]`` over ``axis..``.
+    centered : bool, default True
+        The mean and population variance; False: 0 and the mean square.
+    split_every : int or dict, optional
+        The fan-in of dask's tree reduction (``dask.array.reduction``'s).
+
+    Returns
+    -------
+    mean, var : dask.array.Array
+        Lazy, float64, of shape ``X.shape[:axis] + (1, ...)``.
+
+    Raises
+    ------
+    TypeError
+        ``X`` is not a dask array.
+    ValueError
+        ``X`` has unknown chunk sizes or is not of a float dtype, or ``axis`` is out of
+        range.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import normkernels.dask
+    >>> X = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    >>> mean, var = normkernels.dask.row_moments(da.from_array(X, chunks=(1, 2, 2)))
+    >>> mean.shape
+    (2, 3, 1)
+    >>> mean.compute().ravel(), var.compute().ravel()
+    (array([ 1.5,  5.5,  9.5, 13.5, 17.5, 21.5]), array([1.25, 1.25, 1.25, 1.25, 1.25, 1.25]))
+    >>> _, square = normkernels.dask.row_moments(da.from_array(X, chunks=(1, 2, 2)), axis=1,
+    ...                                          centered=False)
+    >>> np.allclose(square.compute(), (X.astype(np.float64) ** 2).mean(axis=(1, 2),
+    ...                                                                 keepdims=True))
+    True
+    """
     da = check(X, rows=True)
     label = "normkernels.dask.row_moments"
     common.check_dtype(label, "X", X, common.ALL_FLOATS)
@@ -254,7 +296,13 @@ def rows(op):
             inv = var.map_blocks(_rows.inverse_std, eps, dtype=np.float64)
             return (Y, mean.astype(stash), inv.astype(stash))[:n_out]
 
-        return layer_normalization
+        return document(op, layer_normalization, (
+            "dask.array.Array or tuple of dask.array.Array",
+            "Lazy ``Y`` (X's shape, dtype and chunks), or ``(Y, Mean)`` or ``(Y, Mean, "
+            "InvStdDev)`` (``num_outputs``), the statistics of shape ``X.shape[:axis] + "
+            "(1, ...)`` in the stash type."),
+            inputs="NumPy or dask arrays of X's dtype broadcasting unidirectionally to X "
+                   "(per column, or varying along the leading axes too); ``B`` optional")
 
     def rms_normalization(X, scale, *, axis=-1, epsilon=None, stash_type=None, opset=23,
                           split_every=None, compute_statistics=False):
@@ -292,4 +340,7 @@ def rows(op):
         return blockwise_outputs(normalize, X, [(lead_mean, lead), (lead_var, lead), *args],
                                [(out_dtype, X.chunks)])
 
-    return rms_normalization
+    return document(op, rms_normalization,
+                    ("dask.array.Array", "Lazy Y, of X's shape and chunks, in scale's dtype."),
+                    inputs="a NumPy or dask array (any float dtype) broadcasting "
+                           "unidirectionally to X")

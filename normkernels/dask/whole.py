@@ -15,6 +15,7 @@ import inspect
 import numpy as np
 
 from normkernels import api
+from normkernels.dask.docstrings import document, whole_returns
 from normkernels.dask.reduction import channel_axis, check
 from normkernels.ops import mean_variance_normalization as _mvn
 from normkernels.ops import rows as _rows
@@ -156,4 +157,7 @@ def whole(op):
                    f"chunk each, then every block goes through normkernels, so each output "
                    f"is bitwise what normkernels gives. Parameters may be NumPy or dask "
                    f"arrays; ``out=`` is not supported.")
-    return run
+    skip = (", but the skip input (of X's shape): a dask array, chunked like X" if op.skip
+            else "")
+    return document(op, run, whole_returns(op), refused=", or ``out`` is given",
+                    inputs=f"NumPy or dask arrays, each handed whole to every block{skip}")
