@@ -52,9 +52,10 @@ add_module_names = False
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
-# A public name without a docstring fails the build (GL08: "The object does not have
-# a docstring"); the other checks of numpydoc.validate are not enforced yet.
-numpydoc_validation_checks = {"GL08"}
+# A public name without a docstring (GL08), an undocumented parameter (PR01), a
+# missing Returns (RT01) or Examples section (EX01) fails the build; the examples
+# themselves run in tests/test_docstrings.py.
+numpydoc_validation_checks = {"GL08", "PR01", "RT01", "EX01"}
 
 intersphinx_mapping = {}  # offline: no inventories are fetched
 

@@ -38,6 +38,7 @@ FAMILY_TITLES = {
     "normkernels.api.gated": "LLM serving: gated RMSNorm and QK-norm",
     "normkernels.api.quantized": "LLM serving: quantized outputs",
     "normkernels.api.onednn": "oneDNN Graph operations",
+    "normkernels.api.modulated": "Modulated normalizations of diffusion models",
     "normkernels.api.backward": "Backward passes",
     "normkernels.binding": "Bound calls",
     "normkernels.warm": "Warm-up",

@@ -11,6 +11,8 @@ One module per family, each function a one-line call of its spec function
   SimplifiedLayerNormalization, SkipLayerNormalization, SkipSimplifiedLayerNormalization
 * :mod:`normkernels.api.groups`: GroupNormalization, MeanVarianceNormalization,
   LpNormalization, LRN
+* :mod:`normkernels.api.modulated`: the modulated norms of diffusion models
+  (``ada_layer_norm``, ``ada_group_norm``) and their gradients
 * :mod:`normkernels.api.backward`: the gradients of the ONNX-style operators
 * :mod:`normkernels.api.onednn`: oneDNN Graph's operations (inference and training)
 * :mod:`normkernels.api.llm`: LLM serving's fused residual add (in place);
@@ -24,10 +26,22 @@ here) and loaded lazily as ``normkernels.<name>`` (named in ``normkernels.__all_
 
 import inspect
 
-from normkernels.api import backward, batch, gated, groups, instance, llm, onednn, quantized, rows
+from normkernels.api import (
+    backward,
+    batch,
+    gated,
+    groups,
+    instance,
+    llm,
+    modulated,
+    onednn,
+    quantized,
+    rows,
+)
 
 __all__ = []
-for _family in (backward, batch, gated, groups, instance, llm, onednn, quantized, rows):
+for _family in (backward, batch, gated, groups, instance, llm, modulated, onednn, quantized,
+                rows):
     for _name, _value in vars(_family).items():
         # the functions a family module defines (not those it imports)
         if (inspect.isfunction(_value) and not _name.startswith("_")

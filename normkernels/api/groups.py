@@ -7,7 +7,6 @@ from normkernels.ops import group_normalization as _gn
 from normkernels.ops import lp_normalization as _lp
 from normkernels.ops import lrn as _lrn
 from normkernels.ops import mean_variance_normalization as _mvn
-from normkernels.ops import modulated as _mod
 from normkernels.ops import ort_group_norm as _ort
 
 
@@ -396,56 +395,3 @@ def ort_skip_group_norm(X, gamma, beta, skip, bias=None, *, groups, activation, 
                                     activation=activation, epsilon=epsilon,
                                     channels_last=channels_last, num_outputs=num_outputs,
                                     out=out, engine=ENGINE)
-
-
-def ada_group_norm(X, shift, scale, *, num_groups, epsilon=1e-5, data_format="NCX", out=None):
-    """diffusers' AdaGroupNorm: ``Y = GN(X) * (1 + scale[n, c]) + shift[n, c]``.
-
-    Group normalization without its own affine parameters, modulated per sample and
-    channel (scale and shift from an embedding, as diffusers' ``AdaGroupNorm`` computes
-    them); the modulation is folded into each (n, c)'s normalize parameters in float64,
-    so it costs what :func:`group_normalization` costs.
-
-    Parameters
-    ----------
-    X : ndarray
-        N x C x D1 ... Dn (``data_format="NCX"``) or N x D1 ... Dn x C (``"NXC"``); at
-        least 3-D; float16, bfloat16, float32 or float64; any strides.
-    shift, scale : ndarray
-        (N, C), any float dtype.
-    num_groups : int
-        Required; must divide C.
-    epsilon : float
-        Default 1e-5.
-    data_format : {"NCX", "NXC"}
-        Where the channels are: axis 1 (the default) or the last axis.
-    out : ndarray, optional
-        Where to write Y (X's shape and dtype); may be X itself.
-
-    Returns
-    -------
-    ndarray
-        X's shape and dtype; with ``scale = shift = 0``, ``group_normalization(X, ones,
-        zeros)`` bit for bit.
-
-    Raises
-    ------
-    TypeError
-        A dtype other than the four floats.
-    ValueError
-        X of fewer than 3 dimensions, shift or scale not of shape (N, C),
-        ``num_groups`` not a divisor of C, an unknown ``data_format``.
-
-    Examples
-    --------
-    >>> X = np.arange(16, dtype=np.float32).reshape(1, 4, 2, 2)  # NCHW
-    >>> shift = np.array([[0, 0, 1, 1]], np.float32)
-    >>> scale = np.array([[0, 1, 0, 1]], np.float32)
-    >>> Y = normkernels.ada_group_norm(X, shift, scale, num_groups=2)
-    >>> GN = normkernels.group_normalization(X, np.ones(4, np.float32),
-    ...                                      np.zeros(4, np.float32), num_groups=2)
-    >>> np.allclose(Y, GN * (1 + scale[..., None, None]) + shift[..., None, None])
-    True
-    """
-    return _mod.ada_group_norm(X, shift, scale, num_groups=num_groups, epsilon=epsilon,
-                               data_format=data_format, out=out, engine=ENGINE)

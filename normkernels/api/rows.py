@@ -1,10 +1,10 @@
 """The row normalizations: ONNX LayerNormalization and RMSNormalization,
 onnxruntime's SimplifiedLayerNormalization, SkipLayerNormalization and
-SkipSimplifiedLayerNormalization, and the adaptive LayerNorm of diffusion transformers."""
+SkipSimplifiedLayerNormalization (the adaptive LayerNorm of diffusion transformers is in
+normkernels.api.modulated)."""
 
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import layer_normalization as _ln
-from normkernels.ops import modulated as _ada
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
 
@@ -334,68 +334,3 @@ def skip_simplified_layer_normalization(input, skip, gamma, bias=None, *, epsilo
     return _skip.skip_simplified_layer_normalization(input, skip, gamma, bias,
                                                      epsilon=epsilon, num_outputs=num_outputs,
                                                      rounding=rounding, out=out, engine=ENGINE)
-
-
-def ada_layer_norm(X, shift, scale, *, epsilon=1e-6, residual=None, gate=None, out=None):
-    """Adaptive LayerNorm (DiT, FLUX, SD3): ``Y = LN(X) * (1 + scale[n]) + shift[n]``.
-
-    LayerNormalization over the last axis (C) without its own affine parameters, then
-    the per-sample modulation. With ``residual``, a DiT block's boundary in one call:
-    ``S = residual + gate * X`` (the residual stream after a sublayer whose output is
-    X; ``gate`` None means 1), then ``Y = LN(S) * (1 + scale) + shift``.
-
-    Parameters
-    ----------
-    X : ndarray
-        (N, ..., C): N samples of tokens of C channels; float16, bfloat16, float32 or
-        float64; any strides.
-    shift, scale : ndarray
-        (N, C) or (N, 1, ..., 1, C) (X's rank), any float dtype: one value per sample
-        and channel, broadcast over the tokens.
-    epsilon : float
-        Default 1e-6 (DiT's).
-    residual : ndarray, optional
-        X's shape and dtype.
-    gate : ndarray, optional
-        As shift; needs ``residual``.
-    out : ndarray, optional
-        Where to write Y (X's shape and dtype); may be X itself.
-
-    Returns
-    -------
-    ndarray or tuple
-        Y; with ``residual``, ``(Y, S)``: S (a new C-contiguous array) is ``residual +
-        gate * X`` rounded once to X's dtype, and Y is the normalization of S as
-        returned.
-
-    Raises
-    ------
-    TypeError
-        A dtype other than the four floats.
-    ValueError
-        X of fewer than 2 dimensions, shift, scale or gate of another shape, ``gate``
-        without ``residual``, residual not of X's shape and dtype, rows of zero
-        elements.
-
-    Notes
-    -----
-    ``1 + scale`` and ``shift`` enter the row kernels' one rounding (float64 arithmetic
-    for float32 X), and a zero shift adds -0.0: with AdaLN-Zero's ``scale = shift =
-    0``, Y equals ``layer_normalization(X, ones)`` bit for bit. One kernel call per
-    sample.
-
-    Examples
-    --------
-    >>> X = np.arange(16, dtype=np.float32).reshape(2, 2, 4)  # 2 samples of 2 tokens
-    >>> shift = np.zeros((2, 4), np.float32)
-    >>> scale = np.array([[0, 0, 0, 0], [1, 1, 1, 1]], np.float32)
-    >>> Y = normkernels.ada_layer_norm(X, shift, scale)
-    >>> np.round(Y[1], 4)  # sample 1: twice the LayerNorm
-    array([[-2.6833, -0.8944,  0.8944,  2.6833],
-           [-2.6833, -0.8944,  0.8944,  2.6833]], dtype=float32)
-    >>> LN = normkernels.layer_normalization(X, np.ones(4, np.float32), epsilon=1e-6)
-    >>> np.allclose(Y, LN * (1 + scale[:, None]) + shift[:, None])
-    True
-    """
-    return _ada.ada_layer_norm(X, shift, scale, epsilon=epsilon, residual=residual, gate=gate,
-                               out=out, engine=ENGINE)

@@ -70,7 +70,7 @@ class BatchNorm1d(_BatchNorm, nn.BatchNorm1d):
 
     Parameters
     ----------
-    num_features, eps, momentum, affine, track_running_stats, device, dtype
+    num_features, eps, momentum, affine, track_running_stats, device, dtype, bias
         ``torch.nn.BatchNorm1d``'s constructor arguments.
 
     Examples
@@ -89,7 +89,7 @@ class BatchNorm2d(_BatchNorm, nn.BatchNorm2d):
 
     Parameters
     ----------
-    num_features, eps, momentum, affine, track_running_stats, device, dtype
+    num_features, eps, momentum, affine, track_running_stats, device, dtype, bias
         ``torch.nn.BatchNorm2d``'s constructor arguments.
 
     Examples
@@ -109,7 +109,7 @@ class BatchNorm3d(_BatchNorm, nn.BatchNorm3d):
 
     Parameters
     ----------
-    num_features, eps, momentum, affine, track_running_stats, device, dtype
+    num_features, eps, momentum, affine, track_running_stats, device, dtype, bias
         ``torch.nn.BatchNorm3d``'s constructor arguments.
 
     Examples
@@ -137,7 +137,7 @@ class InstanceNorm1d(_InstanceNorm, nn.InstanceNorm1d):
 
     Parameters
     ----------
-    num_features, eps, momentum, affine, track_running_stats, device, dtype
+    num_features, eps, momentum, affine, track_running_stats, device, dtype, bias
         ``torch.nn.InstanceNorm1d``'s constructor arguments.
 
     Examples
@@ -156,7 +156,7 @@ class InstanceNorm2d(_InstanceNorm, nn.InstanceNorm2d):
 
     Parameters
     ----------
-    num_features, eps, momentum, affine, track_running_stats, device, dtype
+    num_features, eps, momentum, affine, track_running_stats, device, dtype, bias
         ``torch.nn.InstanceNorm2d``'s constructor arguments.
 
     Examples
@@ -175,7 +175,7 @@ class InstanceNorm3d(_InstanceNorm, nn.InstanceNorm3d):
 
     Parameters
     ----------
-    num_features, eps, momentum, affine, track_running_stats, device, dtype
+    num_features, eps, momentum, affine, track_running_stats, device, dtype, bias
         ``torch.nn.InstanceNorm3d``'s constructor arguments.
 
     Examples
@@ -215,7 +215,7 @@ class GroupNorm(_GroupNorm, nn.GroupNorm):
 
     Parameters
     ----------
-    num_groups, num_channels, eps, affine, device, dtype
+    num_groups, num_channels, eps, affine, device, dtype, bias
         ``torch.nn.GroupNorm``'s constructor arguments.
 
     Examples
