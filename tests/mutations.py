@@ -686,14 +686,12 @@ MUTATIONS = [
              "(compiler-rt calls the JIT cannot link)", [
                  (TARGET, '        return {"f16_narrow", "f16_widen"} <= self.found',
                   "        return True")], PORTABLE),
-    mutation("reduction-order-by-target", "the shifted sums reassociated by LLVM (fast-math): "
-             "their order follows the target's vector width", [
-                 (LANES, "@njit(**INLINE_OPTIONS)\ndef shifted_sums(x, shift):",
-                  '@njit(**dict(INLINE_OPTIONS, fastmath={"reassoc", "contract"}))\n'
-                  "def shifted_sums(x, shift):"),
-                 (LANES, "    while i + count <= n:\n        d = deviations(x, i, shift)\n"
-                  "        a1 = a1 + d\n        a2 = a2 + d * d\n        i += count\n",
-                  "    i = 0\n")], PORTABLE),
+    mutation("reduction-order-by-target", "the lanes' sums follow the target's vector width "
+             "(as an LLVM-vectorised or fast-math sum does): half the lanes without AVX-512", [
+                 (LANES, "        self.count = LANES64 if dtype == types.float64 else LANES32\n",
+                  "        self.count = (LANES64 if dtype == types.float64 else LANES32) // (\n"
+                  "            1 if 'avx512f' in __import__('normkernels.kernels.target', "
+                  "fromlist=['t']).jit_target().found else 2)\n")], PORTABLE),
     mutation("no-rescale/lp", "LpNormalization: no rescaling of overflowed or underflowed "
              "float64 sums", [(LP_K, "    if total > HUGE or total < TINY:",
                                "    if total != total:")], LP),
