@@ -113,7 +113,8 @@ def test_a_kernel_cache_made_for_one_cpu_does_not_crash_another(runs, tmp_path, 
     _load(runs, made_for)  # its run succeeded, so its cache holds the kernels
     cache = tmp_path / "cache"
     shutil.copytree(made, cache)
-    before = {p.name for p in cache.rglob("*.nbc")}
+    before = {p.relative_to(cache) for p in cache.rglob("*.nbc")}  # paths: names repeat
+    # across the cache's directories (in-tree beside NUMBA_CACHE_DIR's kernels_<hash>/)
     # one family is enough to show the other CPU's kernels are not loaded (the rows'
     # bits on each target are the runs' own test): it compiles for about a minute
     proc = _run(tmp_path / "out.npz", cache, used_by, only=("batchnorm",))
@@ -124,7 +125,7 @@ def test_a_kernel_cache_made_for_one_cpu_does_not_crash_another(runs, tmp_path, 
     assert len(quick) > 20
     differ = [k for k in quick if not np.array_equal(quick[k], host[k])]
     assert not differ, differ[:20]
-    added = {p.name for p in cache.rglob("*.nbc")} - before
+    added = {p.relative_to(cache) for p in cache.rglob("*.nbc")} - before
     assert added, f"no kernel was compiled for {used_by}: {made_for}'s were loaded"
 
 
