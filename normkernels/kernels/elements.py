@@ -305,6 +305,15 @@ def row_compute_empty(typingctx, arr, n):
 
 
 @intrinsic
+def row_table_empty(typingctx, arr, n):
+    """A new array of ``n`` elements in the row kernels' column-table dtype for storage
+    array ``arr``: float64 for float64 storage, else float32 (float32 rows are
+    normalized in float32 lanes: :mod:`normkernels.kernels.row_vectors`)."""
+    return _empty(typingctx, arr, n, types.float64 if getattr(arr, "dtype", None) ==
+                  types.float64 else types.float32)
+
+
+@intrinsic
 def row_load(typingctx, arr, i):
     """Element ``i`` widened to the row kernels' compute dtype (see
     :func:`row_compute_empty`)."""

@@ -21,10 +21,12 @@ Without an epilogue (``res`` None, ``act`` NONE) the IR is the plain normalizati
 
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from normkernels.kernels import activations
 from normkernels.kernels.activations import epilogue_ok
+from normkernels.kernels.target import jit_target
 from normkernels.kernels.vectors import (
     arrays_ok,
     broadcast,
@@ -45,42 +47,90 @@ _RES = 11
 
 
 def _row_compute_type(y):
-    """The row kernels' arithmetic: float32 for 16-bit storage, else float64 (float32
-    rows are normalized in float64 and rounded once)."""
+    """The row scalars' dtype: float32 for 16-bit storage, else float64 (the fold's
+    float64 values; float32 storage splits them in :func:`_float32_scalars`)."""
     return types.float32 if y.dtype.bitwidth == 16 else types.float64
 
 
-def _row_codegen(nontemporal):
+def _table_type(y):
+    """The column tables' dtype: float64 for float64 storage, else float32."""
+    return types.float64 if y.dtype == types.float64 else types.float32
+
+
+def _fma(builder, a, b, c):
+    """``a * b + c`` rounded once (``llvm.fma``) on float32 vectors."""
+    vty = a.type
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
+                                        f"llvm.fma.v{vty.count}f32")
+    return builder.call(fn, [a, b, c])
+
+
+def _float32_scalars(builder, m, a, c, lanes):
+    """Float32 storage: the float64 row scalars as float32 vectors ``m, a_hi, a_lo, c``
+    with ``a_hi + a_lo = a`` to 48 bits and ``c = -(m - round(m)) * a``, the mean's
+    residual (``-0.0`` where the mean is not finite, as the fold's rule). Loop
+    invariant: LLVM hoists it out of the row's loop."""
+    m32 = builder.fptrunc(m, _F32)
+    a_hi = builder.fptrunc(a, _F32)
+    a_lo = builder.fptrunc(builder.fsub(a, builder.fpext(a_hi, _F64)), _F32)
+    rest = builder.fsub(m, builder.fpext(m32, _F64))
+    residual = builder.fptrunc(builder.fmul(builder.fsub(ir.Constant(_F64, -0.0), rest), a),
+                               _F32)
+    finite = builder.fcmp_ordered("==", rest, rest)
+    c32 = builder.select(finite, residual, ir.Constant(_F32, -0.0))
+    del c  # float64 folds give -0.0: the residual is made here, in float32
+    return tuple(broadcast(builder, v, lanes) for v in (m32, a_hi, a_lo, c32))
+
+
+def float32_lanes(y):
+    """True when float32 storage ``y`` is normalized in float32 lanes: the target has
+    FMA. Without it, float64 lanes and one rounding (``llvm.fma`` would be a libm call
+    per element there, 10x slower): other bits than FMA targets, within the bound."""
+    return y.dtype == types.float32 and jit_target().fma
+
+
+def _row_codegen(nontemporal, scalar):
     def codegen(context, builder, sig, args):
         yty = sig.args[2]
         xi, yi, j, ri = (context.cast(builder, args[k], sig.args[k], types.intp)
                          for k in _INDICES)
         lanes, elem, widen, narrow = storage_codec(yty.dtype)
-        wide = yty.dtype == types.float32  # float32 storage, float64 arithmetic
+        lanes = 1 if scalar else lanes
+        narrow_lanes = float32_lanes(yty)
+        wide = yty.dtype == types.float32 and not narrow_lanes  # float64 arithmetic
 
-        def load(k, index):  # a vector of storage array k, in the arithmetic's dtype
+        def load(k, index, elem=elem):  # a vector of array k, in the arithmetic's dtype
             v = load_vector(builder, element_ptr(context, builder, sig.args[k], args[k],
                                                    index),
                              lanes, elem, sig.args[k].dtype.bitwidth // 8)
-            if widen is not None:
+            if widen is not None and sig.args[k].dtype.bitwidth == 16:
                 v = widen(builder, v, lanes)
             return builder.fpext(v, ir.VectorType(_F64, lanes)) if wide else v
 
         xv = load(0, xi)
-        m, a, c = (broadcast(builder, args[k], lanes) for k in _SCALARS)
-        s, b = (load_vector(builder, element_ptr(context, builder, sig.args[k], args[k], j),
-                             lanes, xv.type.element, sig.args[k].dtype.bitwidth // 8)
-                for k in _TABLES)
-        normalized = builder.fmul(builder.fsub(xv, m), a)
-        if xv.type.element != _F64:  # float64 arithmetic: c is -0.0, which adds nothing
-            normalized = builder.fadd(normalized, c)
-        if sig.args[-1].rounding == "llama":  # rounded to Y's dtype before the scale
-            if wide:
-                normalized = builder.fpext(builder.fptrunc(normalized, ir.VectorType(_F32, lanes)),
-                                           normalized.type)
-            elif narrow is not None:
-                normalized = widen(builder, narrow(builder, normalized, lanes), lanes)
-        yv = builder.fadd(builder.fmul(normalized, s), b)
+        table = _F64 if yty.dtype == types.float64 else _F32
+        s, b = (load(k, j, table) for k in _TABLES)
+        if narrow_lanes:
+            # a = a_hi + a_lo makes the normalized value one rounding of (x - m) * a + c
+            # (error analysis: docs/design.md, "Float32 rows in float32 lanes")
+            m, a_hi, a_lo, c = _float32_scalars(builder, *(args[k] for k in _SCALARS),
+                                                lanes)
+            t = builder.fsub(xv, m)
+            normalized = _fma(builder, t, a_hi, _fma(builder, t, a_lo, c))
+            yv = _fma(builder, normalized, s, b)
+        else:
+            m, a, c = (broadcast(builder, args[k], lanes) for k in _SCALARS)
+            normalized = builder.fmul(builder.fsub(xv, m), a)
+            if xv.type.element != _F64:  # float64 arithmetic: c is -0.0, which adds nothing
+                normalized = builder.fadd(normalized, c)
+            if sig.args[-1].rounding == "llama":  # rounded to Y's dtype before the scale
+                if wide:
+                    normalized = builder.fpext(
+                        builder.fptrunc(normalized, ir.VectorType(_F32, lanes)),
+                        normalized.type)
+                elif narrow is not None:
+                    normalized = widen(builder, narrow(builder, normalized, lanes), lanes)
+            yv = builder.fadd(builder.fmul(normalized, s), b)
         if isinstance(sig.args[_RES], types.Array):  # the residual, before the activation
             yv = builder.fadd(yv, load(_RES, ri))
         if wide:
@@ -94,20 +144,20 @@ def _row_codegen(nontemporal):
     return codegen
 
 
-def _row_intrinsic(nontemporal):
+def _row_intrinsic(nontemporal, scalar=False):
     def typer(typingctx, x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
         if not arrays_ok(x, y, xi) or not all(isinstance(t, types.Integer)
                                                for t in (yi, j, ri)):
             return None
         if any(t != _row_compute_type(y) for t in (m, a, c)):
             return None
-        if not all(isinstance(t, types.Array) and t.dtype == _row_compute_type(y)
+        if not all(isinstance(t, types.Array) and t.dtype == _table_type(y)
                    for t in (s, b)):
             return None
         if not epilogue_ok(y, res, act):
             return None
         return (types.void(x, xi, y, yi, m, a, c, s, b, j, ri, res, act),
-                _row_codegen(nontemporal))
+                _row_codegen(nontemporal, scalar))
 
     return intrinsic(typer)
 
@@ -118,3 +168,5 @@ def _row_intrinsic(nontemporal):
 #       y[yi] = act(((x[xi] - m) * a + c) * s[j] + b[j] + res[ri])   (res None: no add)
 vector_normalize_row = _row_intrinsic(False)
 stream_normalize_row = _row_intrinsic(True)
+# one element (float32 storage's heads and tails: the vectors' arithmetic, lane by lane)
+scalar_normalize_row = _row_intrinsic(False, scalar=True)

@@ -52,6 +52,7 @@ from normkernels.kernels.elements import (
     rounding,
     row_compute_empty,
     row_load,
+    row_table_empty,
     store,
 )
 from normkernels.kernels.lanes import shifted_sums
@@ -63,7 +64,11 @@ from normkernels.kernels.options import (
     SHORT_ROW,
     VECTOR_BYTES,
 )
-from normkernels.kernels.row_vectors import stream_normalize_row, vector_normalize_row
+from normkernels.kernels.row_vectors import (
+    scalar_normalize_row,
+    stream_normalize_row,
+    vector_normalize_row,
+)
 from normkernels.kernels.scale_shift import store_fence
 from normkernels.kernels.statistics import (
     NARROW_RUN,
@@ -248,11 +253,25 @@ def _normalized(typingctx, y, act, value):
                                                                             args[2])
 
 
-@njit(**_INLINE)
 def _scalar_run(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
-    for i in range(n):
-        v = _normalized(y, act, (row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i]
-        store(y, yo + i, _activated(y, act, with_residual(res, ro + i, v)))
+    """``n`` elements one by one, as the vectors compute them; ``@njit`` only."""
+    raise NotImplementedError("_scalar_run is only callable from @njit code")
+
+
+@overload(_scalar_run, inline="always", jit_options=OVERLOAD_OPTIONS)
+def _scalar_run_impl(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
+    if y.dtype == types.float32:  # float32 lanes with FMA: the vectors' IR, one lane
+        def run(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
+            for i in range(n):
+                scalar_normalize_row(x, xo + i, y, yo + i, m, a, c, s, b, j + i, ro + i, res,
+                                     act)
+        return run
+
+    def run(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
+        for i in range(n):
+            v = _normalized(y, act, (row_load(x, xo + i) - m) * a + c) * s[j + i] + b[j + i]
+            store(y, yo + i, _activated(y, act, with_residual(res, ro + i, v)))
+    return run
 
 
 @njit(**_INLINE)
@@ -326,9 +345,10 @@ def _rows(x, xr, y, yr, K, first, last, s, b, epsilon, centered, mean, var, m, a
 
 @njit(**_INLINE)
 def column_table(x, p, K):
-    """Parameters ``p`` (any storage dtype; empty: none) as ``K`` compute-dtype values
-    per column; none is ``-0.0``, which adds nothing (not even to a negative zero)."""
-    t = row_compute_empty(x, K)
+    """Parameters ``p`` (any storage dtype; empty: none) as ``K`` values per column in
+    the table dtype (float64 for float64 X, else float32); none is ``-0.0``, which adds
+    nothing (not even to a negative zero)."""
+    t = row_table_empty(x, K)
     if p.size == 0:
         t[:] = -0.0
     else:

@@ -38,10 +38,15 @@ _PROBES = {
                  ("vcvttpd2qq",)),
     "avx512f": ("<16 x float> (<16 x float> %x) #0", "%r = fadd <16 x float> %x, %x",
                 ("zmm",)),
+    "fma": ("<16 x float> (<16 x float> %x)",
+            "%r = call <16 x float> @llvm.fma.v16f32(<16 x float> %x, <16 x float> %x, "
+            "<16 x float> %x)", ("vfmadd", "fmla")),
     "avx2": ("<8 x i32> (<8 x i32> %x)", "%r = add <8 x i32> %x, %x", ("vpaddd\t%ymm",)),
     "avx": ("<8 x float> (<8 x float> %x)", "%r = fadd <8 x float> %x, %x", ("ymm",)),
 }
-_PROBE_ATTRIBUTES = 'attributes #0 = { "min-legal-vector-width"="512" }'
+_PROBE_ATTRIBUTES = ('attributes #0 = { "min-legal-vector-width"="512" }\n'
+                     "declare <16 x float> @llvm.fma.v16f32(<16 x float>, <16 x float>, "
+                     "<16 x float>)")
 
 
 @dataclass(frozen=True)
@@ -73,13 +78,20 @@ class Target:
         return self.x86 and "avx512dq" in self.found
 
     @property
+    def fma(self):
+        """A fused multiply-add instruction (x86 FMA3, aarch64 ``fmla``): float32 rows
+        are then normalized in float32 lanes (without it ``llvm.fma`` is a libm call
+        per element, and they keep float64 lanes: other bits, docs/design.md)."""
+        return "fma" in self.found
+
+    @property
     def avx(self):
         """x86 with 32-byte vectors: the streaming stores' pieces."""
         return self.x86 and "avx" in self.found
 
     def features_shown(self):
         """The features that matter here, as LLVM showed them for this target."""
-        names = {"avx2": "avx2", "avx512f": "avx512f", "avx512dq": "avx512dq",
+        names = {"avx2": "avx2", "fma": "fma", "avx512f": "avx512f", "avx512dq": "avx512dq",
                  "avx512bf16": "avx512bf16"}
         shown = [v for k, v in names.items() if self.x86 and k in self.found]
         if self.f16_native:

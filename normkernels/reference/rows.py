@@ -7,7 +7,7 @@ kernels' arithmetic up to the activation (the twin's own, NumPy's ``exp``).
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype, row_compute_dtype
+from normkernels.dtypes import FLOAT32, FLOAT64, compute_dtype, row_compute_dtype
 from normkernels.reference.fused import activation
 
 
@@ -30,6 +30,9 @@ def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act=None, 
     dtype, then the activation ``act`` in the activations' compute dtype (the value
     rounded to float32 first for float32 x), the twin's own (NumPy's ``exp``).
     ``rounding="llama"`` rounds the normalized value to y's dtype before the scale."""
+    if x.dtype == np.float32 and float32_lanes():
+        y[...] = _float32_lanes(x, y, scale, B, epsilon, centered, mean, var, act, res)
+        return
     m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
     cd = m.dtype
     b = np.full(x.shape[1], -0.0, cd) if B is None else B.astype(cd)
@@ -65,3 +68,52 @@ def fold_rows(mean, var, epsilon, centered, dtype):
             return m, a, np.full(mean.size, -0.0, cd)
         c = np.where(np.isfinite(m), -((mean - m.astype(FLOAT64)) * inv), -0.0)
         return m, a, c.astype(cd)
+
+
+def float32_lanes():
+    """True when the JIT target normalizes float32 rows in float32 lanes (it has FMA;
+    :func:`normkernels.kernels.row_vectors.float32_lanes`)."""
+    from normkernels.kernels.target import jit_target  # the target only when asked
+
+    return jit_target().fma
+
+
+def fma32(a, b, c):
+    """``a * b + c`` of float32 arrays rounded once to float32, as ``llvm.fma``: the
+    product is exact in float64, the sum is rounded to odd in float64 (round to
+    nearest, then the last bit set toward the exact sum where it was inexact), and
+    that rounds to float32 correctly (53 >= 2 * 24 + 2 bits; Boldo and Melquiond)."""
+    a, b, c = (np.asarray(v, FLOAT32).astype(FLOAT64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b
+        s = p + c
+        bb = s - p
+        e = (p - (s - bb)) + (c - bb)  # s + e = p + c exactly (TwoSum)
+        bits = s.view(np.int64)
+        inexact = (e != 0) & np.isfinite(s) & ((bits & 1) == 0)
+        toward = np.where((e > 0) == (s > 0), 1, -1)  # magnitude up or down
+        s = np.where(inexact, (bits + toward).view(FLOAT64), s)
+        return s.astype(FLOAT32)
+
+
+def _float32_lanes(x, y, scale, B, epsilon, centered, mean, var, act, res):
+    """:func:`normalize_rows_from` for float32 rows in float32 lanes (the FMA targets'
+    arithmetic, :mod:`normkernels.kernels.row_vectors`): the fold's float64 ``mean``
+    and ``a`` split into float32 ``m``, ``a_hi + a_lo`` and the mean's residual ``c``,
+    then ``n = fma(x - m, a_hi, fma(x - m, a_lo, c))``, ``fma(n, scale, B)``."""
+    m64, a64, _ = fold_rows(mean, var, epsilon, centered, FLOAT64)
+    with np.errstate(all="ignore"):
+        m = m64.astype(FLOAT32)
+        a_hi = a64.astype(FLOAT32)
+        a_lo = (a64 - a_hi.astype(FLOAT64)).astype(FLOAT32)
+        rest = m64 - m.astype(FLOAT64)
+        c = np.where(np.isnan(rest), -0.0, (-0.0 - rest) * a64).astype(FLOAT32)
+        t = x.astype(FLOAT32) - m[:, None]
+        n = fma32(t, a_hi[:, None], fma32(t, a_lo[:, None], c[:, None]))
+        b = np.full(x.shape[1], -0.0, FLOAT32) if B is None else B.astype(FLOAT32)
+        result = fma32(n, scale.astype(FLOAT32), b)
+        if res is not None:
+            result = result + res.astype(FLOAT32)
+        if (getattr(act, "kind", act) or "none") != "none":
+            result = activation(act, result)
+        return result
