@@ -81,9 +81,9 @@ class _Memory:
 
 
 def row_compute_dtype(dtype):
-    """Arithmetic dtype of the row normalization kernels: float32 for 16-bit tensors,
-    float64 otherwise (float32 rows are normalized in float64 and rounded once: the
-    float32 chain of the per-channel kernels reached 2.3 ulp)."""
+    """Dtype of the row normalization kernels' row scalars and skip sums: float32 for
+    16-bit tensors, float64 otherwise (float32 rows then normalize in float32 lanes
+    with FMA, or float64 lanes without it: :mod:`normkernels.kernels.row_vectors`)."""
     return FLOAT32 if dtype.itemsize == 2 else FLOAT64
 
 

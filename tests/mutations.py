@@ -586,8 +586,30 @@ MUTATIONS = [
              ["tests/test_rows.py"]),
     mutation("columns-at-row-offset/rows", "the row vector reads the column tables at the "
              "element's offset in X instead of its column", [
-                 (ROW_VECTORS, "sig.args[k], args[k], j),", "sig.args[k], args[k], xi),")],
+                 (ROW_VECTORS, "s, b = (load(k, j, table) for k in _TABLES)",
+                  "s, b = (load(k, xi, table) for k in _TABLES)")],
              ROWS),
+    # float32 rows in float32 lanes (issue 47)
+    mutation("float32-lanes-a-lo-dropped/rows", "float32 rows multiply by a rounded to "
+             "float32 alone (no a_lo compensation)", [
+                 (ROW_VECTORS, "_fma(builder, t, a_hi, _fma(builder, t, a_lo, c))",
+                  "_fma(builder, t, a_hi, c)")],
+             ["tests/test_float32_rows.py"]),
+    mutation("float32-lanes-residual-dropped/rows", "float32 lanes drop the mean's residual "
+             "(the mean rounded to float32)", [
+                 (ROW_VECTORS, "c32 = builder.select(finite, residual, ir.Constant(_F32, -0.0))",
+                  "c32 = ir.Constant(_F32, -0.0)")],
+             ["tests/test_float32_rows.py"]),
+    mutation("float32-lanes-nowhere/rows", "the kernels keep float64 lanes on FMA targets "
+             "(the twin computes float32 lanes)", [
+                 (ROW_VECTORS, "return y.dtype == types.float32 and jit_target().fma",
+                  "return False")],
+             ["tests/test_float32_rows.py"]),
+    mutation("fma32-rounds-twice/twin", "the twin's float32 FMA is a float64 multiply-add "
+             "rounded to float32 (two roundings)", [
+                 ("normkernels/reference/rows.py",
+                  "        s = np.where(inexact, (bits + toward).view(FLOAT64), s)\n", "")],
+             ["tests/test_float32_rows.py", "-k", "fma32"]),
     mutation("skip-not-repeated/rows", "a skip of (seq, hidden) is not repeated over the "
              "batch", [(ROWS_K, "(r % n_skip) * K, bias", "min(r, n_skip - 1) * K, bias")],
              ["tests/test_rows.py", "-k", "skip"]),
@@ -912,7 +934,8 @@ MUTATIONS = [
     mutation("scalar-activation-dropped/rows-epilogue", "the row kernels' scalar heads and "
              "tails skip the activation", [
                  (ROWS_K, "store(y, yo + i, _activated(y, act, with_residual(res, ro + i, v)))",
-                  "store(y, yo + i, with_residual(res, ro + i, v))")], EPI_ROWS),
+                  "store(y, yo + i, with_residual(res, ro + i, v))")],
+             ["tests/test_layer_norm_epilogue.py", "-k", "matches_oracle"]),
     mutation("residual-row-stride/rows-epilogue", "the fused rows read the residual at Y's "
              "row stride, not its own", [
                  (ROWS_K, "                      r * rr, res, act)",

@@ -93,11 +93,22 @@ def test_every_family_gives_the_host_bits_on_other_targets(runs, cpu):
     """The same results as the host's kernels, bit for bit: every warmup case of the
     operator table at float16, bfloat16 and float32. This needs every reduction in a
     fixed order (kernels/lanes.py): an LLVM-vectorised sum follows the target's vector
-    width and FMA, and gave last-bit differences on generic before."""
+    width and FMA, and gave last-bit differences on generic before. One exception, by
+    design: float32 rows on a target without FMA (generic) keep float64 lanes, so
+    their Y is compared with the host's within the bound (docs/design.md)."""
     host, other = _load(runs, "host"), _load(runs, cpu)
-    host.pop("__target__")
-    other.pop("__target__")
+    fma = [" 'fma'" in str(r.pop("__target__")) for r in (host, other)]
     differ = [k for k in host if not np.array_equal(host[k], other[k])]
+    if fma[0] != fma[1]:
+        # float32 rows: float32 lanes with FMA, float64 lanes without (row_vectors):
+        # both within the bound of the exact result, so within twice it of each other
+        rows = [k for k in differ if k.startswith("float32/")]
+        assert rows, "float32 rows gave the same bits with and without FMA"
+        for k in rows:
+            h, o = (r[k].view(np.float32).astype(np.float64) for r in (host, other))
+            bound = 2.0 ** -20 * np.max(np.abs(h))  # 2 ulp + 2 u |n s| + half an ulp
+            assert np.all(np.abs(h - o) <= bound), (k, np.max(np.abs(h - o)), bound)
+        differ = [k for k in differ if k not in rows]
     assert not differ, f"{len(differ)} results differ from the host's on {cpu}: {differ[:20]}"
 
 

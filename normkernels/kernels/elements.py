@@ -298,8 +298,8 @@ def compute_empty(typingctx, arr, n):
 @intrinsic
 def row_compute_empty(typingctx, arr, n):
     """A new array of ``n`` elements in the row kernels' compute dtype for storage
-    array ``arr``: float32 for 16-bit storage, float64 otherwise (float32 rows are
-    normalized in float64: Y is then rounded once)."""
+    array ``arr``: float32 for 16-bit storage, float64 otherwise (the row scalars:
+    float32 rows split them into float32 lanes' scalars, ``row_vectors``)."""
     bits = getattr(getattr(arr, "dtype", None), "bitwidth", 0)
     return _empty(typingctx, arr, n, types.float32 if bits == 16 else types.float64)
 

@@ -6,17 +6,27 @@ with the row's scalars ``m, a, c`` and column tables ``s`` (scale), ``b`` (bias)
 residual ``res`` (None: none) and the activation ``act``
 (:mod:`normkernels.kernels.activations`) are the epilogue. The loads, widenings,
 narrowings and stores (streaming or not) are those of
-:mod:`normkernels.kernels.vectors`; only ``fsub``/``fmul``/``fadd``, no FMA
-contraction, so a vector gives the bits of the scalar loop of
-:func:`normkernels.kernels.rows.normalize_run`.
+:mod:`normkernels.kernels.vectors`; a vector computes what a scalar element does
+(:func:`normkernels.kernels.rows.normalize_run`: the same ops, or this IR on one lane).
 
-Arithmetic (:func:`_row_compute_type`): float32 for 16-bit storage, else float64;
-float32 rows are normalized in float64 and rounded once. The residual is added in that
-arithmetic (its float32 or 16-bit values widened exactly); the activation then runs in
-the activations' compute dtype (float32 for 16-bit and float32 storage, float64 for
-float64: the value is rounded to float32 first for float32 storage, as the other
-operators' epilogues see it), and its result is Y's one rounding for 16-bit storage.
-Without an epilogue (``res`` None, ``act`` NONE) the IR is the plain normalization's.
+Arithmetic:
+
+* **16-bit storage**: float32, ``fsub``/``fmul``/``fadd``, Y rounded once.
+* **float64 storage**: float64, ``c`` is ``-0.0``.
+* **float32 storage, target with FMA**: float32 lanes. The float64 ``m`` and ``a``
+  become float32 ``m``, ``a_hi + a_lo`` (48 bits of ``a``) and the mean's residual
+  ``c``; ``n = fma(x - m, a_hi, fma(x - m, a_lo, c))`` is within ``2 u |n|`` of the
+  exact normalized value and ``y = fma(n, s, b)`` adds one rounding (docs/design.md,
+  "Float32 rows in float32 lanes"). Twice the lanes per instruction of float64, half
+  the table bytes.
+* **float32 storage, no FMA** (x86-64 before v3): float64 lanes and one rounding, as
+  ``llvm.fma`` would be a libm call per element there: other bits than FMA targets,
+  within the same bound (half an ulp).
+
+The residual is added in that arithmetic; the activation then runs in the activations'
+compute dtype (float32 for 16-bit and float32 storage, float64 for float64), and its
+result is Y's one rounding for 16-bit storage. Without an epilogue (``res`` None,
+``act`` NONE) the IR is the plain normalization's.
 """
 
 from llvmlite import ir
