@@ -498,8 +498,8 @@ MUTATIONS = [
                   "        load(xs, i) + load(rs, i)")],
              ["tests/test_llm_rows.py", "-k", "fused_add_rms_norm and decode1"]),
     mutation("fused-add-llama-ignored", "the decode kernel rounds once under Llama's rounding", [
-                 (FUSED_ADD, "    if llama:\n        for i in range(K):\n            if B.size:",
-                  "    if False:\n        for i in range(K):\n            if B.size:")],
+                 (FUSED_ADD, "        if llama:\n            n = round_to_storage(xs, n)",
+                  "        if False:\n            n = round_to_storage(xs, n)")],
              ["tests/test_llm_rows.py", "-k", "fused_add_rms_norm and llama and decode4"]),
     mutation("fused-add-plan-skips-overlap", "a planned fused add does not check x against the "
              "residual", [
@@ -592,8 +592,8 @@ MUTATIONS = [
     # float32 rows in float32 lanes (issue 47)
     mutation("float32-lanes-a-lo-dropped/rows", "float32 rows multiply by a rounded to "
              "float32 alone (no a_lo compensation)", [
-                 (ROW_VECTORS, "_fma(builder, t, a_hi, _fma(builder, t, a_lo, c))",
-                  "_fma(builder, t, a_hi, c)")],
+                 (ROW_VECTORS, "_fma(builder, t, a_hi, _fma(builder, t, a_lo, c32))",
+                  "_fma(builder, t, a_hi, c32)")],
              ["tests/test_float32_rows.py"]),
     mutation("float32-lanes-residual-dropped/rows", "float32 lanes drop the mean's residual "
              "(the mean rounded to float32)", [
@@ -605,6 +605,12 @@ MUTATIONS = [
                  (ROW_VECTORS, "return y.dtype == types.float32 and jit_target().fma",
                   "return False")],
              ["tests/test_float32_rows.py"]),
+    mutation("float32-lanes-no-conditioning/rows", "float32 lanes for every row, however "
+             "scaled (deviations that overflow float32, a beyond its range)", [
+                 (ROW_VECTORS, "    with builder.if_else(ok, likely=True) as (lanes32, lanes64):",
+                  "    ok = ir.Constant(ir.IntType(1), 1)\n"
+                  "    with builder.if_else(ok, likely=True) as (lanes32, lanes64):")],
+             ["tests/test_float32_rows.py", "tests/test_rows.py", "-k", "huge or subnormal"]),
     mutation("fma32-rounds-twice/twin", "the twin's float32 FMA is a float64 multiply-add "
              "rounded to float32 (two roundings)", [
                  ("normkernels/reference/rows.py",
@@ -928,8 +934,8 @@ MUTATIONS = [
     # activation= and add= on the row normalizations
     mutation("vector-residual-dropped/rows-epilogue", "the row vectors leave out add= (the "
              "scalar heads and tails add it)", [
-                 (ROW_VECTORS, "            yv = builder.fadd(yv, load(_RES, ri))\n",
-                  "            pass\n")],
+                 (ROW_VECTORS, "                y32 = builder.fadd(y32, res)\n",
+                  "                pass\n")],
              EPI_ROWS),
     mutation("scalar-activation-dropped/rows-epilogue", "the row kernels' scalar heads and "
              "tails skip the activation", [

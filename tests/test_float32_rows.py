@@ -139,3 +139,26 @@ def test_fma32_is_correctly_rounded(rng):
         np.float32(1 + 2.0 ** -23)
     assert np.float32(np.float64(p) * np.float64(q) + np.float64(r)) == np.float32(1 + 2.0 ** -22)
     assert fma32(p, q, r) == exact_fma32(p, q, r) == np.float32(1 + 2.0 ** -23)
+
+
+def test_ill_scaled_rows_take_float64_lanes(rng):
+    """Rows where float32 lanes would overflow (std 1e35: deviations near float32's
+    max; |mean| 1e31) or ``a`` leaves float32's range (std 1e-40 with eps 1e-85:
+    a ~ 1e40) beside ordinary rows: every row within 2 ulp (float64 lanes: half an
+    ulp), and the twin decides row by row as the kernels do (the same bits)."""
+    from normkernels.engine.numba_engine import ENGINE
+
+    X = rng.standard_normal((6, 203))
+    X[1] *= 1e35
+    X[2] = X[2] + 1e31 / 3
+    X[3] *= 3e38 / np.abs(X[3]).max()  # deviations up to 3e38 of both signs
+    X[4] *= 1e-40
+    X = X.astype(F32)
+    ones = np.ones(203, F32)
+    y = row_norm(X, ones, None, 1e-85)[0]
+    Y = nk.layer_normalization(X, ones, epsilon=1e-85)
+    assert np.all(np.isfinite(Y)) and ulp_error(Y, y).max() <= 2.0
+    got, twin = np.empty_like(X), np.empty_like(X)
+    mean, var = ENGINE.normalize_rows(X, got, ones, None, 1e-85, True)
+    reference.normalize_rows_from(X, twin, ones, None, 1e-85, True, mean, var)
+    np.testing.assert_array_equal(got.view(np.int32), twin.view(np.int32))

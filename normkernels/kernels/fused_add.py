@@ -15,7 +15,7 @@ filling two -0.0 tables of ``K`` cost more than the normalization of a row of 40
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
 from numba.core.extending import overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
@@ -32,21 +32,46 @@ from normkernels.kernels.options import (
     KERNEL_OPTIONS,
     OVERLOAD_OPTIONS,
 )
+from normkernels.kernels.row_vectors import float32_lanes, row_value32
 from normkernels.kernels.rows import fold_row, row_statistics
 
 
 def _param(x, p, i):
-    """Parameter ``p[i]`` (any storage dtype) in x's row compute dtype, as the row
-    kernels' column tables hold it (float32 for 16-bit x, else float64); ``@njit``
-    only."""
+    """Parameter ``p[i]`` (any storage dtype) as the row kernels' column tables hold it
+    (float64 for float64 x, else float32); ``@njit`` only."""
     raise NotImplementedError("_param is only callable from @njit code")
 
 
 @overload(_param, inline="always", jit_options=OVERLOAD_OPTIONS)
 def _param_impl(x, p, i):
-    if x.dtype.bitwidth == 16:
-        return lambda x, p, i: np.float32(load(p, i))
-    return lambda x, p, i: np.float64(load(p, i))
+    if x.dtype == types.float64:
+        return lambda x, p, i: np.float64(load(p, i))
+    return lambda x, p, i: np.float32(load(p, i))
+
+
+def _value(xs, rs, i, m, a, c, w, B, llama):
+    """Y of element ``i`` before its rounding to storage, as the row kernels compute it
+    (:mod:`normkernels.kernels.row_vectors`); ``@njit`` only."""
+    raise NotImplementedError("_value is only callable from @njit code")
+
+
+@overload(_value, inline="always", jit_options=OVERLOAD_OPTIONS)
+def _value_impl(xs, rs, i, m, a, c, w, B, llama):
+    if float32_lanes(xs):  # float32 lanes: Llama's rounding is then no rounding
+        def lanes(xs, rs, i, m, a, c, w, B, llama):
+            b = _param(xs, B, i) if B.size else np.float32(-0.0)
+            return row_value32(load(rs, i), m, a, _param(xs, w, i), b, llama)
+        return lanes
+
+    none = np.float64(-0.0) if xs.dtype == types.float64 else np.float32(-0.0)
+
+    def value(xs, rs, i, m, a, c, w, B, llama):
+        b = _param(xs, B, i) if B.size else none
+        n = (row_load(rs, i) - m) * a + c
+        if llama:
+            n = round_to_storage(xs, n)
+        return n * _param(xs, w, i) + b
+    return value
 
 
 @njit(**HELPER_OPTIONS)
@@ -60,21 +85,11 @@ def _add_row(x, xo, r, ro, K):
 
 
 @njit(**HELPER_OPTIONS)
-def _normalize_row(x, xo, r, ro, K, w, B, m, a, c, b, llama):
-    """Y of one row; ``b``: -0.0 in the compute dtype (the bias where there is none)."""
+def _normalize_row(x, xo, r, ro, K, w, B, m, a, c, llama):
+    """Y of one row (a missing bias ``B`` is -0.0, which adds nothing)."""
     xs, rs = x[xo:xo + K], r[ro:ro + K]
-    if llama:
-        for i in range(K):
-            if B.size:
-                b = _param(xs, B, i)
-            v = round_to_storage(xs, (row_load(rs, i) - m) * a + c)
-            store(xs, i, v * _param(xs, w, i) + b)
-    elif B.size:
-        for i in range(K):
-            store(xs, i, ((row_load(rs, i) - m) * a + c) * _param(xs, w, i) + _param(xs, B, i))
-    else:
-        for i in range(K):
-            store(xs, i, ((row_load(rs, i) - m) * a + c) * _param(xs, w, i) + b)
+    for i in range(K):
+        store(xs, i, _value(xs, rs, i, m, a, c, w, B, llama))
 
 
 @njit(**HELPER_OPTIONS)
@@ -82,13 +97,11 @@ def fused_add_item(x, xr, r, K, w, B, epsilon, centered, llama, mean, var, first
     """Rows ``first..last-1`` of :func:`fused_add_rows_serial`, each added, reduced and
     normalized while it is in L1 (a row of 4096 float32: 16 KB)."""
     m, a, c = row_compute_empty(x, 1), row_compute_empty(x, 1), row_compute_empty(x, 1)
-    none = row_compute_empty(x, 1)
-    none[0] = -0.0
     for row in range(first, last):
         _add_row(x, row * xr, r, row * K, K)
         mean[row], var[row] = row_statistics(r, row * K, K, centered)
         fold_row(mean[row], var[row], epsilon, centered, m, a, c, 0)
-        _normalize_row(x, row * xr, r, row * K, K, w, B, m[0], a[0], c[0], none[0], llama)
+        _normalize_row(x, row * xr, r, row * K, K, w, B, m[0], a[0], c[0], llama)
 
 
 @njit(**KERNEL_OPTIONS)
@@ -125,12 +138,10 @@ def _plain_rows(x, xr, y, yr, K, w, B, epsilon, centered, llama, mean, var):
     ``centered`` a constant: each kernel compiles one statistic (a first call with an
     empty cache compiled both, 0.7 s more)."""
     m, a, c = row_compute_empty(x, 1), row_compute_empty(x, 1), row_compute_empty(x, 1)
-    none = row_compute_empty(x, 1)
-    none[0] = -0.0
     for row in range(mean.size):
         mean[row], var[row] = row_statistics(x, row * xr, K, centered)
         fold_row(mean[row], var[row], epsilon, centered, m, a, c, 0)
-        _normalize_row(y, row * yr, x, row * xr, K, w, B, m[0], a[0], c[0], none[0], llama)
+        _normalize_row(y, row * yr, x, row * xr, K, w, B, m[0], a[0], c[0], llama)
 
 
 @njit(**KERNEL_OPTIONS)

@@ -92,6 +92,73 @@ def _float32_scalars(builder, m, a, c, lanes):
     return tuple(broadcast(builder, v, lanes) for v in (m32, a_hi, a_lo, c32))
 
 
+LANES_LIMIT = 2.0 ** 100  # float32 lanes where |m| and 1 / a are below it, a too
+
+
+def _float32_row(builder, xv, m, a, c, s, b, llama, res):
+    """The float32 storage's Y before its activation, from float32 vectors ``xv``, ``s``,
+    ``b``, ``res`` (None: none) and the float64 row scalars: float32 lanes where the
+    row is well scaled (:data:`LANES_LIMIT`: ``x - m`` cannot overflow, ``a`` fits
+    float32 with room), else float64 lanes and one rounding (``llama``, an ``i1`` or a
+    bool: the normalized value rounded to float32 first). A branch per vector on a row
+    constant, never taken on ordinary rows."""
+    limit = ir.Constant(_F64, LANES_LIMIT)
+    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F64, [_F64]),
+                                          "llvm.fabs.f64")
+    ok = builder.and_(builder.and_(builder.fcmp_ordered("<", builder.call(fabs, [m]), limit),
+                                   builder.fcmp_ordered("<", a, limit)),
+                      builder.fcmp_ordered(">", a, ir.Constant(_F64, 1.0 / LANES_LIMIT)))
+    lanes = xv.type.count
+    with builder.if_else(ok, likely=True) as (lanes32, lanes64):
+        with lanes32:
+            m32, a_hi, a_lo, c32 = _float32_scalars(builder, m, a, c, lanes)
+            t = builder.fsub(xv, m32)
+            y32 = _fma(builder, _fma(builder, t, a_hi, _fma(builder, t, a_lo, c32)), s, b)
+            if res is not None:
+                y32 = builder.fadd(y32, res)
+            from32 = builder.block
+        with lanes64:
+            v64 = ir.VectorType(_F64, lanes)
+            n = builder.fmul(builder.fsub(builder.fpext(xv, v64), broadcast(builder, m, lanes)),
+                             broadcast(builder, a, lanes))
+            rounded = builder.fpext(builder.fptrunc(n, xv.type), v64)
+            if isinstance(llama, ir.Value):
+                n = builder.select(llama, rounded, n)
+            elif llama:
+                n = rounded
+            y64 = builder.fadd(builder.fmul(n, builder.fpext(s, v64)), builder.fpext(b, v64))
+            if res is not None:
+                y64 = builder.fadd(y64, builder.fpext(res, v64))
+            y64 = builder.fptrunc(y64, xv.type)
+            from64 = builder.block
+    y = builder.phi(xv.type)
+    y.add_incoming(y32, from32)
+    y.add_incoming(y64, from64)
+    return y
+
+
+@intrinsic
+def row_value32(typingctx, x, m, a, s, b, llama):
+    """Y of one float32 element ``x`` with its scale ``s`` and bias ``b`` (float32;
+    -0.0: none) and the float64 row scalars, as the row vectors compute it (one lane
+    of :func:`_float32_row`; ``llama`` a bool): for loops without column tables."""
+    if any(t != types.float32 for t in (x, s, b)) or any(t != types.float64 for t in (m, a)):
+        return None
+    if not isinstance(llama, types.Boolean):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x1, s1, b1 = (broadcast(builder, args[k], 1) for k in (0, 3, 4))
+        llama1 = args[5]
+        if llama1.type != ir.IntType(1):
+            llama1 = builder.icmp_unsigned("!=", llama1, ir.Constant(llama1.type, 0))
+        y = _float32_row(builder, x1, args[1], args[2], ir.Constant(_F64, -0.0), s1, b1,
+                         llama1, None)
+        return builder.extract_element(y, ir.Constant(ir.IntType(32), 0))
+
+    return types.float32(x, m, a, s, b, llama), codegen
+
+
 def float32_lanes(y):
     """True when float32 storage ``y`` is normalized in float32 lanes: the target has
     FMA. Without it, float64 lanes and one rounding (``llvm.fma`` would be a libm call
@@ -120,14 +187,12 @@ def _row_codegen(nontemporal, scalar):
         xv = load(0, xi)
         table = _F64 if yty.dtype == types.float64 else _F32
         s, b = (load(k, j, table) for k in _TABLES)
+        res = load(_RES, ri) if isinstance(sig.args[_RES], types.Array) else None
         if narrow_lanes:
             # a = a_hi + a_lo makes the normalized value one rounding of (x - m) * a + c
             # (error analysis: docs/design.md, "Float32 rows in float32 lanes")
-            m, a_hi, a_lo, c = _float32_scalars(builder, *(args[k] for k in _SCALARS),
-                                                lanes)
-            t = builder.fsub(xv, m)
-            normalized = _fma(builder, t, a_hi, _fma(builder, t, a_lo, c))
-            yv = _fma(builder, normalized, s, b)
+            yv = _float32_row(builder, xv, *(args[k] for k in _SCALARS), s, b,
+                              sig.args[-1].rounding == "llama", res)
         else:
             m, a, c = (broadcast(builder, args[k], lanes) for k in _SCALARS)
             normalized = builder.fmul(builder.fsub(xv, m), a)
@@ -141,10 +206,10 @@ def _row_codegen(nontemporal, scalar):
                 elif narrow is not None:
                     normalized = widen(builder, narrow(builder, normalized, lanes), lanes)
             yv = builder.fadd(builder.fmul(normalized, s), b)
-        if isinstance(sig.args[_RES], types.Array):  # the residual, before the activation
-            yv = builder.fadd(yv, load(_RES, ri))
-        if wide:
-            yv = builder.fptrunc(yv, ir.VectorType(_F32, lanes))
+            if res is not None:  # the residual, before the activation
+                yv = builder.fadd(yv, res)
+            if wide:
+                yv = builder.fptrunc(yv, ir.VectorType(_F32, lanes))
         yv = activations.build(builder, sig.args[-1].kind, yv)
         if narrow is not None:
             yv = narrow(builder, yv, lanes)

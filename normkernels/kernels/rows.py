@@ -4,20 +4,16 @@ X is ``M`` rows of ``K`` elements. The kernels take flat storage arrays and row
 strides (in elements: row ``r`` of ``x`` is ``x[r * xr : r * xr + K]``) and index
 them with offsets, never slices: a slice per row costs reference counting, which
 made a row of 4 elements cost 120 ns. Per row the kernels compute float64
-statistics, fold them into compute-dtype scalars ``m, a, c`` and write
+statistics, fold them into row scalars ``m, a, c`` and write
 
-    ``y = ((x - m) * a + c) * s[k] + b[k]``
+    ``y = act(((x - m) * a + c) * s[k] + b[k] + res)``
 
-with column tables ``s`` (scale) and ``b`` (bias) in the compute dtype, then the
-epilogue: ``y = act(y + res)`` with a residual ``res`` (None: none) and an activation
-``act`` (``activations.NONE``: none), the last three arguments of every kernel being
-``rr, res, act`` (row ``r`` of ``res`` at ``r * rr``); the arithmetic is in
-:mod:`normkernels.kernels.row_vectors`. Centred
-(layer normalization): ``m`` is the row mean rounded to the compute dtype, ``a`` is
-``1 / sqrt(var + epsilon)`` rounded once, ``c = -(mean - m) * a`` the mean's residual
-(float32 compute: rounding the mean alone would cost half an ulp of ``|mean|`` in every
-output). Uncentred (RMS): ``m = 0``, ``c = -0.0`` (exact identities: the result is
-``x * a * s + b``). The rule is :func:`normkernels.reference.fold_rows`.
+with column tables ``s`` (scale) and ``b`` (bias), a residual ``res`` (None: none)
+and an activation ``act`` (``activations.NONE``: none), the last three arguments of
+every kernel being ``rr, res, act`` (row ``r`` of ``res`` at ``r * rr``). The fold's
+rule is :func:`normkernels.reference.fold_rows` (``c``: the mean's residual where
+``m`` is rounded; ``m = 0``, ``c = -0.0`` uncentred); the arithmetic, float32 lanes
+for float32 rows on FMA targets included, is :mod:`normkernels.kernels.row_vectors`.
 
 Statistics of a row: chunks of ``PLANE_CHUNK`` elements (float64 sub-blocks of one
 pass over deviations from a shift, as the per-channel statistics; or the sum of

@@ -158,6 +158,9 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
         if y2 is None:
             np.copyto(Y, target.reshape(shape))
         return Y, mean, var
+    if X.dtype == out_dtype == FLOAT32 and rounding == "once" and _float32_lanes():
+        return _general_float32(X, scale, B, epsilon, centered, engine, path, Y, M, K, act,
+                                res)
     # general: the kernel gives the normalized value (with the column parameters when
     # there are) in the wide compute dtype, NumPy applies the others
     wide = wide_dtype(X.dtype, out_dtype)
@@ -181,6 +184,31 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
     if act is not None:
         z = _activated(z, act, out_dtype, engine, path)
     np.copyto(Y, z.astype(out_dtype, copy=False))
+    return Y, mean, var
+
+
+def _float32_lanes():
+    from normkernels.reference.rows import float32_lanes  # the JIT target, when asked
+
+    return float32_lanes()
+
+
+def _general_float32(X, scale, B, epsilon, centered, engine, path, Y, M, K, act, res):
+    """The general path of float32 rows on FMA targets: the kernels' statistics, then
+    their float32 lanes' arithmetic per element in NumPy (``reference.rows``), so a
+    parameter that varies along the leading axes gives the bits of the same values
+    given per column."""
+    from normkernels.reference.rows import _float32_lanes
+
+    x2 = rows_in(X, M, K)
+    mean, var = engine.normalize_rows(x2, np.empty((M, K), FLOAT32), np.ones(K, FLOAT32),
+                                      None, epsilon, centered, path=path)
+    full = lambda p: np.broadcast_to(p, X.shape).reshape(M, K)  # noqa: E731
+    z = _float32_lanes(x2, full(scale), None if B is None else full(B), epsilon, centered,
+                       mean, var, None, None if res is None else rows_in(res, M, K))
+    if act is not None:
+        z = _activated(z, act, FLOAT32, engine, path)
+    np.copyto(Y, z.reshape(X.shape))
     return Y, mean, var
 
 

@@ -31,7 +31,7 @@ def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act=None, 
     rounded to float32 first for float32 x), the twin's own (NumPy's ``exp``).
     ``rounding="llama"`` rounds the normalized value to y's dtype before the scale."""
     if x.dtype == np.float32 and float32_lanes():
-        y[...] = _float32_lanes(x, y, scale, B, epsilon, centered, mean, var, act, res)
+        y[...] = _float32_lanes(x, scale, B, epsilon, centered, mean, var, act, res, rounding)
         return
     m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
     cd = m.dtype
@@ -56,7 +56,8 @@ def fold_rows(mean, var, epsilon, centered, dtype):
     float64 and rounded once; ``m`` is the mean rounded to the compute dtype and ``c``
     the residual ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite),
     or ``-0.0``, which adds nothing, not even to a negative zero. Not ``centered``
-    (RMS): ``m = 0`` and ``c = -0.0``: ``x * a`` exactly."""
+    (RMS): ``m = 0`` and ``c = -0.0``: ``x * a`` exactly. Float32 rows on FMA targets
+    take the float64 values and split them (:func:`_float32_lanes`)."""
     cd = row_compute_dtype(dtype)
     with np.errstate(all="ignore"):
         inv = 1.0 / np.sqrt(var + epsilon)
@@ -96,11 +97,17 @@ def fma32(a, b, c):
         return s.astype(FLOAT32)
 
 
-def _float32_lanes(x, y, scale, B, epsilon, centered, mean, var, act, res):
-    """:func:`normalize_rows_from` for float32 rows in float32 lanes (the FMA targets'
-    arithmetic, :mod:`normkernels.kernels.row_vectors`): the fold's float64 ``mean``
-    and ``a`` split into float32 ``m``, ``a_hi + a_lo`` and the mean's residual ``c``,
-    then ``n = fma(x - m, a_hi, fma(x - m, a_lo, c))``, ``fma(n, scale, B)``."""
+def _float32_lanes(x, scale, B, epsilon, centered, mean, var, act=None, res=None,
+                   rounding="once"):
+    """:func:`normalize_rows_from` for float32 rows on FMA targets
+    (:mod:`normkernels.kernels.row_vectors`): where a row is well scaled (``|m|`` and
+    ``1 / a`` below ``LANES_LIMIT``, ``a`` too), float32 lanes: the fold's float64
+    ``mean`` and ``a`` split into float32 ``m``, ``a_hi + a_lo`` and the mean's residual
+    ``c``, ``n = fma(x - m, a_hi, fma(x - m, a_lo, c))``, ``fma(n, scale, B)``, the
+    residual added in float32; elsewhere float64 and one rounding. ``scale``, ``B`` and
+    ``res`` broadcast against the rows."""
+    from normkernels.kernels.row_vectors import LANES_LIMIT
+
     m64, a64, _ = fold_rows(mean, var, epsilon, centered, FLOAT64)
     with np.errstate(all="ignore"):
         m = m64.astype(FLOAT32)
@@ -114,6 +121,15 @@ def _float32_lanes(x, y, scale, B, epsilon, centered, mean, var, act, res):
         result = fma32(n, scale.astype(FLOAT32), b)
         if res is not None:
             result = result + res.astype(FLOAT32)
+        ok = (np.abs(m64) < LANES_LIMIT) & (a64 < LANES_LIMIT) & (a64 > 1 / LANES_LIMIT)
+        if not ok.all():  # float64 lanes, one rounding
+            wide = (x.astype(FLOAT64) - m64[:, None]) * a64[:, None]
+            if rounding == "llama":
+                wide = wide.astype(FLOAT32).astype(FLOAT64)
+            wide = wide * scale.astype(FLOAT64) + b.astype(FLOAT64)
+            if res is not None:
+                wide = wide + res.astype(FLOAT64)
+            result = np.where(ok[:, None], result, wide.astype(FLOAT32))
         if (getattr(act, "kind", act) or "none") != "none":
             result = activation(act, result)
         return result
