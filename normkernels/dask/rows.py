@@ -174,11 +174,11 @@ def _normalize_block(block, a, params, columns, epsilon, centered, mean, var, ou
                                     None if b is None else b.reshape(K), epsilon, centered,
                                     mean, var)
         return Y
-    if not columns and block.dtype == out_dtype == np.float32 and _rows._float32_lanes():
-        from normkernels.reference.rows import _float32_lanes  # the general path's formula
+    if not columns and block.dtype == out_dtype == np.float32 and _rows.float32_lanes():
+        from normkernels.reference.rows import float32_rows  # the general path's formula
 
         full = lambda p: np.broadcast_to(p, shape).reshape(M, K)  # noqa: E731
-        z = _float32_lanes(_rows.rows_in(block, M, K), full(s), None if b is None else full(b),
+        z = float32_rows(_rows.rows_in(block, M, K), full(s), None if b is None else full(b),
                            epsilon, centered, mean, var)
         np.copyto(Y, z.reshape(shape))
         return Y

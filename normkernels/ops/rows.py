@@ -158,7 +158,7 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
         if y2 is None:
             np.copyto(Y, target.reshape(shape))
         return Y, mean, var
-    if X.dtype == out_dtype == FLOAT32 and rounding == "once" and _float32_lanes():
+    if X.dtype == out_dtype == FLOAT32 and rounding == "once" and float32_lanes():
         return _general_float32(X, scale, B, epsilon, centered, engine, path, Y, M, K, act,
                                 res)
     # general: the kernel gives the normalized value (with the column parameters when
@@ -187,10 +187,11 @@ def normalize(X, a, scale, B, epsilon, centered, engine, path=None, out=None, ou
     return Y, mean, var
 
 
-def _float32_lanes():
-    from normkernels.reference.rows import float32_lanes  # the JIT target, when asked
+def float32_lanes():
+    """True when float32 rows normalize in float32 lanes on the JIT target (FMA)."""
+    from normkernels.reference.rows import float32_lanes as lanes  # the target, when asked
 
-    return float32_lanes()
+    return lanes()
 
 
 def _general_float32(X, scale, B, epsilon, centered, engine, path, Y, M, K, act, res):
@@ -198,13 +199,13 @@ def _general_float32(X, scale, B, epsilon, centered, engine, path, Y, M, K, act,
     their float32 lanes' arithmetic per element in NumPy (``reference.rows``), so a
     parameter that varies along the leading axes gives the bits of the same values
     given per column."""
-    from normkernels.reference.rows import _float32_lanes
+    from normkernels.reference.rows import float32_rows
 
     x2 = rows_in(X, M, K)
     mean, var = engine.normalize_rows(x2, np.empty((M, K), FLOAT32), np.ones(K, FLOAT32),
                                       None, epsilon, centered, path=path)
     full = lambda p: np.broadcast_to(p, X.shape).reshape(M, K)  # noqa: E731
-    z = _float32_lanes(x2, full(scale), None if B is None else full(B), epsilon, centered,
+    z = float32_rows(x2, full(scale), None if B is None else full(B), epsilon, centered,
                        mean, var, None, None if res is None else rows_in(res, M, K))
     if act is not None:
         z = _activated(z, act, FLOAT32, engine, path)

@@ -31,7 +31,7 @@ def normalize_rows_from(x, y, scale, B, epsilon, centered, mean, var, act=None, 
     rounded to float32 first for float32 x), the twin's own (NumPy's ``exp``).
     ``rounding="llama"`` rounds the normalized value to y's dtype before the scale."""
     if x.dtype == np.float32 and float32_lanes():
-        y[...] = _float32_lanes(x, scale, B, epsilon, centered, mean, var, act, res, rounding)
+        y[...] = float32_rows(x, scale, B, epsilon, centered, mean, var, act, res, rounding)
         return
     m, a, c = fold_rows(mean, var, epsilon, centered, x.dtype)
     cd = m.dtype
@@ -57,7 +57,7 @@ def fold_rows(mean, var, epsilon, centered, dtype):
     the residual ``-(mean - m) * a`` (float32 compute; zero where ``m`` is not finite),
     or ``-0.0``, which adds nothing, not even to a negative zero. Not ``centered``
     (RMS): ``m = 0`` and ``c = -0.0``: ``x * a`` exactly. Float32 rows on FMA targets
-    take the float64 values and split them (:func:`_float32_lanes`)."""
+    take the float64 values and split them (:func:`float32_rows`)."""
     cd = row_compute_dtype(dtype)
     with np.errstate(all="ignore"):
         inv = 1.0 / np.sqrt(var + epsilon)
@@ -97,7 +97,7 @@ def fma32(a, b, c):
         return s.astype(FLOAT32)
 
 
-def _float32_lanes(x, scale, B, epsilon, centered, mean, var, act=None, res=None,
+def float32_rows(x, scale, B, epsilon, centered, mean, var, act=None, res=None,
                    rounding="once"):
     """:func:`normalize_rows_from` for float32 rows on FMA targets
     (:mod:`normkernels.kernels.row_vectors`): where a row is well scaled (``|m|`` and
