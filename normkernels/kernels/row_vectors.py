@@ -75,7 +75,7 @@ def _fma(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
-def _float32_scalars(builder, m, a, c, lanes):
+def _float32_scalars(builder, m, a, lanes):
     """Float32 storage: the float64 row scalars as float32 vectors ``m, a_hi, a_lo, c``
     with ``a_hi + a_lo = a`` to 48 bits and ``c = -(m - round(m)) * a``, the mean's
     residual (``-0.0`` where the mean is not finite, as the fold's rule). Loop
@@ -88,16 +88,16 @@ def _float32_scalars(builder, m, a, c, lanes):
                                _F32)
     finite = builder.fcmp_ordered("==", rest, rest)
     c32 = builder.select(finite, residual, ir.Constant(_F32, -0.0))
-    del c  # float64 folds give -0.0: the residual is made here, in float32
     return tuple(broadcast(builder, v, lanes) for v in (m32, a_hi, a_lo, c32))
 
 
 LANES_LIMIT = 2.0 ** 100  # float32 lanes where |m| and 1 / a are below it, a too
 
 
-def _float32_row(builder, xv, m, a, c, s, b, llama, res):
+def _float32_row(builder, xv, m, a, s, b, llama, res):
     """The float32 storage's Y before its activation, from float32 vectors ``xv``, ``s``,
-    ``b``, ``res`` (None: none) and the float64 row scalars: float32 lanes where the
+    ``b``, ``res`` (None: none) and the float64 row scalars ``m``, ``a`` (the fold's
+    ``c`` is -0.0 for them: the residual is made here): float32 lanes where the
     row is well scaled (:data:`LANES_LIMIT`: ``x - m`` cannot overflow, ``a`` fits
     float32 with room), else float64 lanes and one rounding (``llama``, an ``i1`` or a
     bool: the normalized value rounded to float32 first). A branch per vector on a row
@@ -111,7 +111,7 @@ def _float32_row(builder, xv, m, a, c, s, b, llama, res):
     lanes = xv.type.count
     with builder.if_else(ok, likely=True) as (lanes32, lanes64):
         with lanes32:
-            m32, a_hi, a_lo, c32 = _float32_scalars(builder, m, a, c, lanes)
+            m32, a_hi, a_lo, c32 = _float32_scalars(builder, m, a, lanes)
             t = builder.fsub(xv, m32)
             y32 = _fma(builder, _fma(builder, t, a_hi, _fma(builder, t, a_lo, c32)), s, b)
             if res is not None:
@@ -152,8 +152,7 @@ def row_value32(typingctx, x, m, a, s, b, llama):
         llama1 = args[5]
         if llama1.type != ir.IntType(1):
             llama1 = builder.icmp_unsigned("!=", llama1, ir.Constant(llama1.type, 0))
-        y = _float32_row(builder, x1, args[1], args[2], ir.Constant(_F64, -0.0), s1, b1,
-                         llama1, None)
+        y = _float32_row(builder, x1, args[1], args[2], s1, b1, llama1, None)
         return builder.extract_element(y, ir.Constant(ir.IntType(32), 0))
 
     return types.float32(x, m, a, s, b, llama), codegen
@@ -191,7 +190,7 @@ def _row_codegen(nontemporal, scalar):
         if narrow_lanes:
             # a = a_hi + a_lo makes the normalized value one rounding of (x - m) * a + c
             # (error analysis: docs/design.md, "Float32 rows in float32 lanes")
-            yv = _float32_row(builder, xv, *(args[k] for k in _SCALARS), s, b,
+            yv = _float32_row(builder, xv, args[_SCALARS[0]], args[_SCALARS[1]], s, b,
                               sig.args[-1].rounding == "llama", res)
         else:
             m, a, c = (broadcast(builder, args[k], lanes) for k in _SCALARS)
