@@ -733,15 +733,37 @@ MUTATIONS = [
                  (ENGINE, "args = (window, float(alpha) / int(size),",
                   "args = (window, float(alpha) / window,")], LRN),
     # activation epilogues; onnxruntime's GroupNorm and SkipGroupNorm
-    mutation("silu-sigmoid-branches-swapped/activations", "SiLU takes e / (1 + e) for "
-             "positive y (the sigmoid's branches swapped)", [
-                 (ACTIVATIONS, "builder.select(builder.fcmp_ordered(\">=\", z, zero), "
-                  "constant(ty, 1.0), e)", "builder.select(builder.fcmp_ordered(\"<\", z, "
-                  "zero), constant(ty, 1.0), e)")], ORT_GN),
-    mutation("exp-polynomial-coefficient/activations", "float32 exp: Cephes' r^2 "
-             "coefficient 0.5000000120 replaced by 0.5 - 2^-12", [
-                 (ACTIVATIONS, "1.6666665459e-1, 5.0000001201e-1)",
-                  "1.6666665459e-1, 4.9975585938e-1)")], ORT_GN),
+    mutation("silu-sigmoid-branches-swapped/activations", "SiLU takes (y e) / (1 + e) for "
+             "positive y (the one division's branches swapped)", [
+                 (ACTIVATIONS, "builder.select(above, y, builder.fmul(y, e))",
+                  "builder.select(above, builder.fmul(y, e), y)")], ORT_GN),
+    mutation("sigmoid-branches-swapped/activations", "sigmoid (the slopes' and the gated "
+             "backward's) takes e / (1 + e) for positive z", [
+                 (ACTIVATIONS, "builder.select(above, constant(z.type, 1.0), e)",
+                  "builder.select(above, e, constant(z.type, 1.0))")],
+             ["tests/test_epilogue_backward.py", "tests/test_gated.py"]),
+    mutation("exp-polynomial-coefficient/activations", "float32 exp: the r^2 coefficient "
+             "0.49999994 replaced by 0.5 - 2^-12", [
+                 (ACTIVATIONS, "poly=(0.4999999403953552,", "poly=(0.49975585938,")], ORT_GN),
+    mutation("exp-estrin-pair-swapped/activations", "float32 exp: Estrin's second pair "
+             "takes c5 + c4 r (its coefficients swapped)", [
+                 (ACTIVATIONS, "builder.fadd(c4, builder.fmul(c5, r))",
+                  "builder.fadd(c5, builder.fmul(c4, r))")], ORT_GN),
+    mutation("exp-offset-dropped/activations", "exp's rounding constant without the offset K: "
+             "every result 2^-K too small", [
+                 (ACTIVATIONS, 'magic = constant(ty, k_["magic"] + k_["offset"])',
+                  'magic = constant(ty, k_["magic"])')], ORT_GN),
+    mutation("exp-reduced-offset-dropped/activations", "exact GELU's exponential scaled by "
+             "2^k without the offset K (erfc's branch 2^-K too small)", [
+                 (ACTIVATIONS, 'shifted = builder.add(builder.fptosi(k, ity), '
+                  'constant(ity, k_["offset"]))', 'shifted = builder.fptosi(k, ity)')],
+             ["tests/test_gelu.py"]),
+    mutation("silu-twin-rounds-twice/twin", "the twin's SiLU as z * sigmoid(z) (two "
+             "roundings, not the kernels' one division)", [
+                 ("normkernels/reference/gated.py",
+                  "return np.where(above, z, z * e) / denominator",
+                  "return z * (np.where(above, z.dtype.type(1.0), e) / denominator)")],
+             ["tests/test_gated.py", "-k", "silu_twin"]),
     mutation("exp-floor-raised/activations", "float32 exp clamps its argument at -80, "
              "not -104 (SiLU of -90 comes out 8 orders of magnitude off)", [
                  (ACTIVATIONS, "_F32_EXP = dict(low=-104.0,", "_F32_EXP = dict(low=-80.0,")],

@@ -607,11 +607,11 @@ def activation(kind, y):
 def activation_tolerance(kind, exact_y, tol_y, out_dtype):
     """Allowed |act(Y) - act(oracle Y)|: Y's own tolerance through the activation's
     slope (within [-0.13, 1.13]), the activation's error (normkernels'
-    ``ACTIVATION_ULPS`` of the compute dtype, plus 8 per unit of the sigmoid's argument:
+    ``SIGMOID_ULPS`` of the compute dtype, plus 8 per unit of the sigmoid's argument:
     the up to 7 roundings of gelu_tanh's argument are amplified by exp; exact GELU has
     no such term), the subnormal floor, and half an ulp of a 16-bit output (rounded
     once more)."""
-    from normkernels.kernels.activations import ACTIVATION_ULPS
+    from normkernels.kernels.activations import ACTIVATION_ULPS, SIGMOID_ULPS
 
     if kind is None or kind == "none":
         return tol_y
@@ -623,7 +623,7 @@ def activation_tolerance(kind, exact_y, tol_y, out_dtype):
     with np.errstate(all="ignore"):
         z = np.abs(y if kind != "gelu_tanh" else 2 * GELU_A * (y + 0.044715 * y ** 3))
         own = np.zeros_like(y) if kind == "relu" else (
-            (ACTIVATION_ULPS + 8 * z) * u * np.abs(value) + 4 * np.abs(y) * tiny)
+            (SIGMOID_ULPS + 8 * z) * u * np.abs(value) + 4 * np.abs(y) * tiny)
         if kind == "gelu":  # no rounded argument amplified (no z term); the oracle's own
             # rounding to float64, and a result rounded twice into the subnormals
             own = ((ACTIVATION_ULPS * u + 2.0**-53) * np.abs(value) + 4 * np.abs(y) * tiny

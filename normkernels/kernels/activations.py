@@ -28,15 +28,22 @@ Definitions (PyTorch's, which every peer uses), in the compute dtype (float32 fo
 
 ``sigmoid(z)`` is ``1 / (1 + e)`` for ``z >= 0`` and ``e / (1 + e)`` below, with ``e =
 exp(-|z|)``: the exponential only ever sees arguments <= 0, so it cannot overflow,
-and ``exp`` of less than -104 (float32; -746 float64) is 0. ``exp(t)``: Cody-Waite
-reduction ``t = k ln2 + r`` (``|r| <= ln2 / 2``; ``k`` rounded by adding and
-subtracting 1.5 * 2^23 or 2^52), Cephes' polynomial (float32: degree 7, within 1 ulp;
-float64: its Pade form ``1 + 2 r P / (Q - r P)``), and ``2^k`` as two exponent-bit
-factors (``k`` down to -150 or -1076 stays within the normal range in each factor;
-the last product rounds once into the subnormals). Error of an activated result
+and ``exp`` of less than -104 (float32; -746 float64) is 0. ``y * sigmoid(z)`` (SiLU,
+GELU-tanh) is one division, ``y / (1 + e)`` or ``(y e) / (1 + e)``: no product
+rounded after it. ``exp(t)``: Cody-Waite reduction ``t = k ln2 + r`` (``|r| <= ln2 /
+2``; ``k`` rounded by adding and subtracting 1.5 * 2^23 or 2^52, offset by ``K``), a
+polynomial (float32: ``1 + r + r^2 P(r)``, P of degree 4 fitted to exp on the
+reduced range, 0.08 ulp, evaluated in Estrin's order; float64: Cephes' Pade form ``1 +
+2 r P / (Q - r P)``), and ``2^k`` as ``e 2^(k + K)`` (``k + K`` added to e's exponent
+bits: the rounding constant's low bits are ``k + K``, shifted into place) times the
+constant ``2^-K`` (``K`` 100 float32, 1000 float64): ``e 2^(k + K)`` is a normal
+number for every ``k`` the callers make, so the last product rounds once, into the
+subnormals where it goes there. About 30 vector instructions per 16 float32 SiLU
+results (docs/design.md, "Smooth activations"). Error of an activated result
 (tests/oracle.py): at most ``ACTIVATION_ULPS`` units of the compute dtype's roundoff
 relative to ``|y| * max(1, sigmoid)``, on top of the propagated error of ``y``
-(the activations' slopes are within [-0.13, 1.13]); exact GELU's within
+(the activations' slopes are within [-0.13, 1.13]); SiLU and GELU-tanh within
+``SIGMOID_ULPS`` (measured 2.0 and 2.1 float32); exact GELU's within
 ``ACTIVATION_ULPS`` units relative to ``|gelu(y)|`` itself (no argument's rounding is
 amplified; measured 3.9 float32, 4.2 float64 against a long-double evaluation) plus the
 subnormal floor.
@@ -66,6 +73,7 @@ from normkernels.kernels.options import OVERLOAD_OPTIONS
 
 KINDS = ("none", "relu", "silu", "gelu_tanh", "gelu")
 ACTIVATION_ULPS = 8  # tests: the activation's own error bound, in units of roundoff
+SIGMOID_ULPS = 4  # the same for SiLU and GELU-tanh (y times a sigmoid)
 
 _F32 = ir.FloatType()
 _F64 = ir.DoubleType()
@@ -187,17 +195,20 @@ def _is_double(value_type):
     return element == _F64
 
 
-# float32: Cephes expf; float64: Cephes exp (Pade form)
+# float32: exp(r) = 1 + r + r^2 P(r), P's coefficients (low degree first) fitted to
+# (exp(r) - 1 - r) / r^2 for the least relative error on |r| <= 1.01 ln2 / 2 (0.08 ulp
+# with these float32 values); float64: Cephes exp (Pade form). ``offset``: K of 2^(k + K).
 _F32_EXP = dict(low=-104.0, magic=12582912.0, ln2_hi=0.693359375, ln2_lo=-2.12194440e-4,
-                poly=(1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                      1.6666665459e-1, 5.0000001201e-1), bias=127, mantissa=23)
+                poly=(0.4999999403953552, 0.16666515171527863, 0.04166845604777336,
+                      0.008369418792426586, 0.0013813142431899905),
+                mantissa=23, offset=100)
 _F64_EXP = dict(low=-746.0, magic=6755399441055744.0, ln2_hi=6.93145751953125e-1,
                 ln2_lo=1.42860682030941723212e-6,
                 p=(1.26177193074810590878e-4, 3.02994407707441961300e-2,
                    9.99999999999999999910e-1),
                 q=(3.00198505138664455042e-6, 2.52448340349684104192e-3,
                    2.27265548208155028766e-1, 2.00000000000000000009e0),
-                bias=1023, mantissa=52)
+                mantissa=52, offset=1000)
 
 
 def _horner(builder, x, coefficients):
@@ -208,6 +219,14 @@ def _horner(builder, x, coefficients):
     return acc
 
 
+def _neg_abs(builder, z):
+    """``-|z|``: z with its sign bit set (NaN stays NaN)."""
+    ty = z.type
+    ity = _int_type(ty)
+    sign = -(1 << 63) if _is_double(ty) else -(1 << 31)
+    return builder.bitcast(builder.or_(builder.bitcast(z, ity), constant(ity, sign)), ty)
+
+
 def exp_nonpositive(builder, t):
     """``exp(t)`` for ``t <= 0`` (a NaN gives some finite value: callers multiply it by
     the NaN they came from); 0 below the dtype's ``low``: ``t`` is clamped there, and
@@ -216,56 +235,78 @@ def exp_nonpositive(builder, t):
     ty = t.type
     k_ = _F64_EXP if _is_double(ty) else _F32_EXP
     low = constant(ty, k_["low"])
-    below = builder.fcmp_ordered("<", t, low)
-    ordered = builder.fcmp_ordered("==", t, t)
-    # clamp into [low, 0]; a NaN becomes 0 (fptosi of NaN would be poison)
-    u = builder.select(below, low, builder.select(ordered, t, constant(ty, 0.0)))
-    magic = constant(ty, k_["magic"])
-    k = builder.fsub(builder.fadd(builder.fmul(u, constant(ty, 1.0 / math.log(2.0))), magic),
-                     magic)
+    # clamp into [low, 0]; a NaN becomes low (fails the ordered comparison)
+    u = builder.select(builder.fcmp_ordered(">=", t, low), t, low)
+    # k + K rounded by the magic constant: its low bits are then k + K
+    magic = constant(ty, k_["magic"] + k_["offset"])
+    rounded = builder.fadd(builder.fmul(u, constant(ty, 1.0 / math.log(2.0))), magic)
+    k = builder.fsub(rounded, magic)
     r = builder.fsub(builder.fsub(u, builder.fmul(k, constant(ty, k_["ln2_hi"]))),
                      builder.fmul(k, constant(ty, k_["ln2_lo"])))
-    return _exp_reduced(builder, k, r)
+    ity = _int_type(ty)
+    bits = builder.shl(builder.bitcast(rounded, ity), constant(ity, k_["mantissa"]))
+    return _scaled(builder, _exp_polynomial(builder, r), bits)
+
+
+def _exp_polynomial(builder, r):
+    """``exp(r)`` for ``|r| <= ln2 / 2`` (a little more is harmless)."""
+    ty = r.type
+    one = constant(ty, 1.0)
+    rr = builder.fmul(r, r)
+    if _is_double(ty):
+        k_ = _F64_EXP
+        px = builder.fmul(r, _horner(builder, rr, k_["p"]))
+        qx = _horner(builder, rr, k_["q"])
+        return builder.fadd(one, builder.fmul(constant(ty, 2.0),
+                                              builder.fdiv(px, builder.fsub(qx, px))))
+    c2, c3, c4, c5, c6 = (constant(ty, c) for c in _F32_EXP["poly"])
+    # Estrin's order: three independent products, not Horner's chain of four
+    p = builder.fadd(builder.fadd(builder.fadd(c2, builder.fmul(c3, r)),
+                                  builder.fmul(rr, builder.fadd(c4, builder.fmul(c5, r)))),
+                     builder.fmul(builder.fmul(rr, rr), c6))
+    return builder.fadd(builder.fadd(builder.fmul(p, rr), r), one)
+
+
+def _scaled(builder, e, bits):
+    """``e 2^k`` from ``bits = (k + K) << mantissa``: ``e 2^(k + K)`` on the exponent bits
+    (a normal number: e is within [0.7, 1.42] and ``k + K`` within the exponent's
+    range), then ``2^-K``, one rounding."""
+    ty = e.type
+    ity = _int_type(ty)
+    k_ = _F64_EXP if _is_double(ty) else _F32_EXP
+    moved = builder.bitcast(builder.add(builder.bitcast(e, ity), bits), ty)
+    return builder.fmul(moved, constant(ty, 2.0 ** -k_["offset"]))
 
 
 def _exp_reduced(builder, k, r):
     """``exp(r) 2^k`` for ``|r| <= ln2 / 2`` (a little more is harmless) and an integral
-    ``k`` (a float) from -2 * (bias - 1) to 0: the polynomial, then the two exponent-bit
-    factors (the last product rounds once into the subnormals)."""
+    ``k`` (a float) from ``-125 - K`` to 0 (float64 ``-1021 - K``)."""
     ty = r.type
-    k_ = _F64_EXP if _is_double(ty) else _F32_EXP
-    one = constant(ty, 1.0)
-    if _is_double(ty):
-        rr = builder.fmul(r, r)
-        px = builder.fmul(r, _horner(builder, rr, k_["p"]))
-        qx = _horner(builder, rr, k_["q"])
-        e = builder.fadd(one, builder.fmul(constant(ty, 2.0),
-                                           builder.fdiv(px, builder.fsub(qx, px))))
-    else:
-        rr = builder.fmul(r, r)
-        e = builder.fadd(builder.fadd(builder.fmul(_horner(builder, r, k_["poly"]), rr), r),
-                         one)
-    # 2^k as 2^k1 * 2^k2, k1 = k >> 1: each factor a normal number
     ity = _int_type(ty)
-    ki = builder.fptosi(k, ity)
-    k1 = builder.ashr(ki, constant(ity, 1))
-    k2 = builder.sub(ki, k1)
-    shift = constant(ity, k_["mantissa"])
-    bias = constant(ity, k_["bias"])
-    f1 = builder.bitcast(builder.shl(builder.add(k1, bias), shift), ty)
-    f2 = builder.bitcast(builder.shl(builder.add(k2, bias), shift), ty)
-    return builder.fmul(builder.fmul(e, f1), f2)
+    k_ = _F64_EXP if _is_double(ty) else _F32_EXP
+    shifted = builder.add(builder.fptosi(k, ity), constant(ity, k_["offset"]))
+    bits = builder.shl(shifted, constant(ity, k_["mantissa"]))
+    return _scaled(builder, _exp_polynomial(builder, r), bits)
+
+
+def _sigmoid_parts(builder, z):
+    """``e = exp(-|z|)``, ``1 + e`` and whether ``z >= 0``."""
+    e = exp_nonpositive(builder, _neg_abs(builder, z))
+    above = builder.fcmp_ordered(">=", z, constant(z.type, 0.0))
+    return e, builder.fadd(constant(z.type, 1.0), e), above
 
 
 def sigmoid(builder, z):
     """``1 / (1 + e)`` (z >= 0) or ``e / (1 + e)`` with ``e = exp(-|z|)``."""
-    ty = z.type
-    zero = constant(ty, 0.0)
-    positive = builder.fcmp_ordered(">", z, zero)
-    e = exp_nonpositive(builder, builder.select(positive, builder.fsub(zero, z), z))  # -|z|
-    denominator = builder.fadd(constant(ty, 1.0), e)
-    numerator = builder.select(builder.fcmp_ordered(">=", z, zero), constant(ty, 1.0), e)
-    return builder.fdiv(numerator, denominator)
+    e, denominator, above = _sigmoid_parts(builder, z)
+    return builder.fdiv(builder.select(above, constant(z.type, 1.0), e), denominator)
+
+
+def times_sigmoid(builder, y, z):
+    """``y sigmoid(z)`` as one division: ``y / (1 + e)`` (z >= 0) or ``(y e) / (1 + e)``
+    (a NaN z takes the second: ``y e`` is then NaN, as y is where z is NaN)."""
+    e, denominator, above = _sigmoid_parts(builder, z)
+    return builder.fdiv(builder.select(above, y, builder.fmul(y, e)), denominator)
 
 
 GELU_A = math.sqrt(2.0 / math.pi)
@@ -281,12 +322,12 @@ def build(builder, kind, y):
         return builder.select(builder.fcmp_ordered("<", y, constant(ty, 0.0)),
                               constant(ty, 0.0), y)
     if kind == "silu":
-        return builder.fmul(y, sigmoid(builder, y))
+        return times_sigmoid(builder, y, y)
     if kind == "gelu_tanh":
         cube = builder.fmul(builder.fmul(y, y), y)
         inner = builder.fadd(y, builder.fmul(constant(ty, GELU_B), cube))
         two_u = builder.fmul(constant(ty, 2.0 * GELU_A), inner)
-        return builder.fmul(y, sigmoid(builder, two_u))
+        return times_sigmoid(builder, y, two_u)
     if kind == "gelu":
         return erf.gelu(builder, y, _exp_reduced, _F64_EXP if _is_double(ty) else _F32_EXP)
     raise ValueError(f"no activation {kind!r}")

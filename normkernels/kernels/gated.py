@@ -8,7 +8,7 @@ groups; ``G = K``: the whole row). Per group the mean square is float64
 rounded once to the compute dtype ``cd`` (float32 for 16-bit and float32 X, float64 for
 float64 X), the dtype of the column tables ``w`` and ``b`` (no bias: ``b = -0.0``,
 which adds nothing). SiLU is the package's (:func:`normkernels.kernels.activations.
-activate`: ``z * sigmoid(z)``, the same bits on every CPU).
+activate`: ``z sigmoid(z)`` as one division, the same bits on every CPU).
 
 * ``before`` (``norm_before_gate=True``): ``y = ((x * a) * w + b) * silu(z)``;
 * not ``before``: ``u = x * silu(z)`` (compute dtype, not rounded to X's dtype: mamba_ssm
@@ -47,8 +47,7 @@ def rows_per_item(K):
 
 @intrinsic
 def sigmoid_of(typingctx, value):
-    """The package's ``sigmoid(value)`` (float32 or float64): the factor of
-    :func:`activate`'s SiLU, so ``z * sigmoid_of(z)`` is its SiLU bit for bit."""
+    """The package's ``sigmoid(value)`` (float32 or float64), for the slopes."""
     if value not in (types.float32, types.float64):
         return None
 
@@ -156,7 +155,7 @@ def _backward_rows(dy, dyr, x, xr, z, zr, w, b, G, epsilon, before, var, dx, dz,
             u[k] = np.float64(load(x, xo + k))
             if not before:
                 zv = np.float64(load(z, zo + k))
-                u[k] = u[k] * (zv * sigmoid_of(zv))
+                u[k] = u[k] * activate(SILU, zv)
         for g in range(groups):
             ms = row_statistics(u, g * G, G, False)[1]
             var[r * groups + g] = ms

@@ -3,8 +3,8 @@
 
 Bit for bit the kernels' arithmetic (:mod:`normkernels.kernels.gated`,
 :mod:`normkernels.kernels.qk_norm`) after the statistics, SiLU and sigmoid included:
-:func:`sigmoid` evaluates the kernels' own sigmoid (Cody-Waite reduction, Cephes'
-polynomial, the exponent-bit scaling of :mod:`normkernels.kernels.activations`) with
+:func:`sigmoid` and :func:`silu` evaluate the kernels' own (Cody-Waite reduction, the
+polynomials, the exponent-bit scaling of :mod:`normkernels.kernels.activations`) with
 NumPy's IEEE operations, which round exactly as the kernels' (no FMA in either). The
 statistics are the twin's own (float64 sums of squares by NumPy), within the
 statistics' accuracy of the kernels'; given the kernels' mean squares (``var=``) the
@@ -17,17 +17,19 @@ import numpy as np
 
 from normkernels.dtypes import FLOAT64, compute_dtype, round_once
 
-# float32: Cephes expf; float64: Cephes exp (Pade form): the kernels' constants
+# the kernels' constants (normkernels.kernels.activations): float32's fitted polynomial,
+# float64's Cephes exp (Pade form); ``offset`` K of the scaling by 2^(k + K), then 2^-K
 _F32_EXP = dict(low=-104.0, magic=12582912.0, ln2_hi=0.693359375, ln2_lo=-2.12194440e-4,
-                poly=(1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                      1.6666665459e-1, 5.0000001201e-1), bias=127, mantissa=23)
+                poly=(0.4999999403953552, 0.16666515171527863, 0.04166845604777336,
+                      0.008369418792426586, 0.0013813142431899905),
+                mantissa=23, offset=100)
 _F64_EXP = dict(low=-746.0, magic=6755399441055744.0, ln2_hi=6.93145751953125e-1,
                 ln2_lo=1.42860682030941723212e-6,
                 p=(1.26177193074810590878e-4, 3.02994407707441961300e-2,
                    9.99999999999999999910e-1),
                 q=(3.00198505138664455042e-6, 2.52448340349684104192e-3,
                    2.27265548208155028766e-1, 2.00000000000000000009e0),
-                bias=1023, mantissa=52)
+                mantissa=52, offset=1000)
 
 
 def _horner(x, coefficients):
@@ -43,9 +45,10 @@ def _exp_nonpositive(t):
     double = t.dtype == FLOAT64
     k_ = _F64_EXP if double else _F32_EXP
     f = t.dtype.type
-    u = np.where(t < f(k_["low"]), f(k_["low"]), np.where(t == t, t, f(0.0)))
-    magic = f(k_["magic"])
-    k = (u * f(1.0 / math.log(2.0)) + magic) - magic
+    u = np.where(t >= f(k_["low"]), t, f(k_["low"]))  # NaN: low
+    magic = f(k_["magic"] + k_["offset"])
+    rounded = u * f(1.0 / math.log(2.0)) + magic  # its low bits: k + offset
+    k = rounded - magic
     r = (u - k * f(k_["ln2_hi"])) - k * f(k_["ln2_lo"])
     rr = r * r
     if double:
@@ -53,30 +56,34 @@ def _exp_nonpositive(t):
         qx = _horner(rr, k_["q"])
         e = f(1.0) + f(2.0) * (px / (qx - px))
     else:
-        e = (_horner(r, k_["poly"]) * rr + r) + f(1.0)
-    ints = np.int64 if double else np.int32
-    ki = k.astype(ints)
-    k1 = ki >> 1
-    k2 = ki - k1
-    shift, bias = ints(k_["mantissa"]), ints(k_["bias"])
-    f1 = ((k1 + bias) << shift).view(t.dtype)
-    f2 = ((k2 + bias) << shift).view(t.dtype)
-    return (e * f1) * f2
+        c2, c3, c4, c5, c6 = (f(c) for c in k_["poly"])
+        p = ((c2 + c3 * r) + rr * (c4 + c5 * r)) + (rr * rr) * c6
+        e = (p * rr + r) + f(1.0)
+    bits = np.uint64 if double else np.uint32
+    moved = e.view(bits) + (rounded.view(bits) << bits(k_["mantissa"]))  # wraps: 2^(k + K)
+    return moved.view(t.dtype) * f(2.0 ** -k_["offset"])
+
+
+def _sigmoid_parts(z):
+    f = z.dtype.type
+    e = _exp_nonpositive(-np.abs(z))
+    return e, f(1.0) + e, z >= 0
 
 
 def sigmoid(z):
     """The kernels' sigmoid of ``z`` (a float32 or float64 array), bit for bit."""
     z = np.asarray(z)
-    f = z.dtype.type
     with np.errstate(all="ignore"):
-        e = _exp_nonpositive(np.where(z > 0, f(0.0) - z, z))
-        return np.where(z >= 0, f(1.0), e) / (f(1.0) + e)
+        e, denominator, above = _sigmoid_parts(z)
+        return np.where(above, z.dtype.type(1.0), e) / denominator
 
 
 def silu(z):
-    """The kernels' SiLU, ``z * sigmoid(z)``."""
+    """The kernels' SiLU, ``z / (1 + e)`` or ``(z e) / (1 + e)`` (one division)."""
+    z = np.asarray(z)
     with np.errstate(all="ignore"):
-        return z * sigmoid(z)
+        e, denominator, above = _sigmoid_parts(z)
+        return np.where(above, z, z * e) / denominator
 
 
 def _mean_squares(u, G):
@@ -118,7 +125,7 @@ class GatedTwins:
         with np.errstate(all="ignore"):
             s = sigmoid(z64)
             slope = s * (1.0 + z64 * (1.0 - s))
-            u = x64 if before else x64 * (z64 * s)
+            u = x64 if before else x64 * silu(z64)
             if var is None:
                 var = _mean_squares(u, G)
             rs = np.repeat((1.0 / np.sqrt(var + epsilon)).reshape(M, K // G), G, axis=1)
