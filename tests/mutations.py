@@ -607,9 +607,10 @@ MUTATIONS = [
              ["tests/test_float32_rows.py"]),
     mutation("float32-lanes-no-conditioning/rows", "float32 lanes for every row, however "
              "scaled (deviations that overflow float32, a beyond its range)", [
-                 (ROW_VECTORS, "    with builder.if_else(ok, likely=True) as (lanes32, lanes64):",
-                  "    ok = ir.Constant(ir.IntType(1), 1)\n"
-                  "    with builder.if_else(ok, likely=True) as (lanes32, lanes64):")],
+                 (ROW_VECTORS, '    """The ``i1`` "this row takes float32 lanes" of float64 row '
+                  'scalars ``m``, ``a``."""\n', '    """The ``i1`` "this row takes float32 lanes" '
+                  'of float64 row scalars ``m``, ``a``."""\n    return ir.Constant(ir.IntType(1), '
+                  '1)\n')],
              ["tests/test_float32_rows.py", "tests/test_rows.py", "-k", "huge or subnormal"]),
     mutation("fma32-rounds-twice/twin", "the twin's float32 FMA is a float64 multiply-add "
              "rounded to float32 (two roundings)", [
@@ -733,6 +734,22 @@ MUTATIONS = [
                  (ENGINE, "args = (window, float(alpha) / int(size),",
                   "args = (window, float(alpha) / window,")], LRN),
     # activation epilogues; onnxruntime's GroupNorm and SkipGroupNorm
+    mutation("plan-key-without-activation/layer", "LayerNormalization's plan key leaves out "
+             "the activation (a SiLU call served by the plain call's plan)", [
+                 ("normkernels/ops/layer_normalization.py", "num_outputs, activation,",
+                  "num_outputs,")], ["tests/test_plans.py", "-k", "activation"]),
+    mutation("plan-key-without-activation/ort-groupnorm", "GroupNorm's (com.microsoft) plan key "
+             "leaves out the activation", [
+                 ("normkernels/ops/ort_group_norm.py", "(label, engine, groups, activation, ",
+                  "(label, engine, groups, ")], ["tests/test_plans.py", "-k", "activation"]),
+    mutation("row-plan-drops-activation", "a row plan runs its calls without their activation", [
+                 ("normkernels/ops/rows.py", '        if self.act is not None:\n'
+                  '            extra["act"] = self.act\n', "")],
+             ["tests/test_plans.py", "-k", "activation"]),
+    mutation("bound-rows-drop-activation", "a bound row call runs without the activation", [
+                 ("normkernels/engine/numba_bind.py",
+                  "act = marker(NONE if act is None else act, rounding)",
+                  "act = marker(NONE, rounding)")], ["tests/test_plans.py", "-k", "activation"]),
     mutation("silu-sigmoid-branches-swapped/activations", "SiLU takes (y e) / (1 + e) for "
              "positive y (the one division's branches swapped)", [
                  (ACTIVATIONS, "builder.select(above, y, builder.fmul(y, e))",

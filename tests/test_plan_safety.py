@@ -27,7 +27,8 @@ HAS_PLANS = {("batchnorm", "inference"), ("batchnorm", "training"), ("batchnorm-
              ("simplified-layernorm", "inference"), ("skip-layernorm", "inference"),
              ("skip-simplified-layernorm", "inference"), ("layernorm-onednn", "inference"),
              ("rmsnorm-onednn", "inference"), ("groupnorm", "inference"),
-             ("fused-add-rmsnorm", "inference"), ("fused-add-layernorm", "inference")}
+             ("fused-add-rmsnorm", "inference"), ("fused-add-layernorm", "inference"),
+             ("groupnorm-ort", "inference")}
 
 
 @pytest.fixture(autouse=True)

@@ -574,3 +574,39 @@ def test_group_normalization_plans_per_channel_parameters_only(rng, opset):
                                                           opset=opset))
     assert bool(plans.stored_keys()) == (opset == 21)
     assert plans.bound_calls() == (opset == 21)
+
+
+EPILOGUE_CALLS = {
+    "layer": lambda X, act, out=None: nk.layer_normalization(X, W8, B8, activation=act, out=out),
+    "rms": lambda X, act, out=None: nk.rms_normalization(X, W8, activation=act, out=out),
+    "group": lambda X, act, out=None: nk.group_normalization(X, W8, B8, num_groups=4,
+                                                             activation=act, out=out),
+    "ort-group": lambda X, act, out=None: nk.ort_group_norm(
+        X, W8, B8, groups=4, activation=int(act == "silu"), out=out),
+}
+W8 = np.linspace(0.5, 2.0, 8).astype(np.float32)
+B8 = np.linspace(-1.0, 1.0, 8).astype(np.float32)
+
+
+@pytest.mark.parametrize("op", sorted(EPILOGUE_CALLS))
+@pytest.mark.parametrize("out_kind", ["none", "out"])
+def test_plans_key_on_the_activation(rng, op, out_kind):
+    """Calls with an activation plan (and bind) as plain ones do, each under its own key:
+    after plans for one activation, a call with the other (SiLU or none, in turn) gives
+    the full path's bits, never the planned activation's."""
+    call = EPILOGUE_CALLS[op]
+    shape = {"ort-group": (2, 3, 8), "group": (2, 8, 3)}.get(op, (6, 8))
+    X = rng.standard_normal(shape).astype(np.float32)
+    out = None if out_kind == "none" else np.empty(shape, np.float32)  # one object: bound
+
+    def run(act):
+        return np.array(call(X, act, out), copy=True)
+
+    plans.clear()
+    want = {act: run(act) for act in (None, "silu")}  # full paths (nothing planned yet)
+    assert not np.array_equal(want[None], want["silu"])
+    for act in (None, "silu", "silu", None, None, "silu", "silu", None):
+        assert_identical(run(act), want[act])
+    assert len(plans.stored_keys()) == 2
+    # a bound call per activation (channels-last GroupNorm plans bind none)
+    assert plans.bound_calls() == (0 if out is None or op == "ort-group" else 2)

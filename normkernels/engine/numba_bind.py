@@ -45,12 +45,15 @@ class BoundCalls:
         kernel = inference.normalize_periodic_serial
         return lambda: kernel(xs, ys, C, S, p0, p1, p2, p3, epsilon, period, False, None, NONE)
 
-    def bind_instance_planes(self, x, y, C, S, scale, B, epsilon, group=1):
+    def bind_instance_planes(self, x, y, C, S, scale, B, epsilon, group=1, act=None):
         """:meth:`instance_planes` for fixed arrays (see :func:`normkernels.bind`): on
         the serial path one compiled call (the fused kernel, every argument resolved
-        here), else the engine call (its path decided per call)."""
+        here), else the engine call (its path decided per call). ``act``: the
+        activation epilogue (a name; None: none)."""
+        act = marker(act)
         if y.size > policy.SERIAL_MAX_ELEMENTS or y.size == 0:
-            return lambda: self.instance_planes(x, y, C, S, scale, B, epsilon, group=group)
+            return lambda: self.instance_planes(x, y, C, S, scale, B, epsilon, group=group,
+                                                act=act)
         # aliases, never copies: the call must read the arrays' memory each time
         xs, ys = storage_alias(x.ravel()), storage_alias(y.ravel())
         n_planes = xs.size // S
@@ -60,23 +63,24 @@ class BoundCalls:
         args = (per, group, S, storage_alias(scale), storage_alias(B), float(epsilon),
                 np.empty(n_planes // group), np.empty(n_planes // group),
                 np.empty(n_planes, cd), np.empty(n_planes, cd), np.empty(n_planes, cd),
-                None, NONE)
+                None, act)
         kernel = instance.fused_planes_serial
         return lambda: kernel(xs, ys, *args)
 
     def bind_rows(self, x, y, scale, B, epsilon, centered, skip=None, bias=None, sums=None,
-                  rounding="once"):
+                  rounding="once", act=None):
         """:meth:`normalize_rows` for fixed arrays, as a zero-argument callable (see
         :func:`normkernels.bind`): every argument resolved here; on the serial path one
         compiled call, else the path decided per call and the fused kernel launched
         (the engine call where the rows split). ``sums`` (C-contiguous, the sums' rows)
-        may be ``skip`` itself: the in-place fused add."""
+        may be ``skip`` itself: the in-place fused add. ``act``: the activation epilogue
+        (a name or marker; None: none)."""
         M, K = x.shape
-        act = marker(NONE, rounding)
+        act = marker(NONE if act is None else act, rounding)
 
         def engine_call():
             self.normalize_rows(x, y, scale, B, epsilon, centered, skip=skip, bias=bias,
-                                sums=sums, rounding=rounding)
+                                sums=sums, act=act, rounding=rounding)
 
         if x.size == 0 or not (scale.flags.c_contiguous and (B is None or B.flags.c_contiguous)):
             return engine_call
@@ -90,7 +94,7 @@ class BoundCalls:
         sums_s = none if sums is None else storage_alias(sums).ravel()
         mean, var = np.empty(M), np.empty(M)
         epsilon = float(epsilon)
-        if in_place_add(x, y, scale, B, skip, bias, sums, NONE, None):
+        if in_place_add(x, y, scale, B, skip, bias, sums, act, None):
             args = (xs, xr, skip_s, K, s, b, epsilon, centered, rounding == "llama", mean, var)
             if x.size <= policy.SERIAL_MAX_ELEMENTS:
                 return compiled_call(fused_add.fused_add_rows_serial, args)
@@ -104,7 +108,7 @@ class BoundCalls:
                     fused_add.fused_add_rows_parallel(*args, policy.rows_per_item(M, K))
 
             return in_place_call
-        if x.size <= policy.SERIAL_MAX_ELEMENTS and table_free(x, y, skip, sums, NONE, None):
+        if x.size <= policy.SERIAL_MAX_ELEMENTS and table_free(x, y, skip, sums, act, None):
             kernel = fused_add.plain_rows_serial if centered else fused_add.plain_rms_rows_serial
             return compiled_call(kernel, (xs, xr, ys, yr, K, s, b, epsilon, rounding == "llama",
                                           mean, var))

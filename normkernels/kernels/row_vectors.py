@@ -30,12 +30,14 @@ result is Y's one rounding for 16-bit storage. Without an epilogue (``res`` None
 """
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels import activations
 from normkernels.kernels.activations import epilogue_ok
+from normkernels.kernels.options import INLINE_OPTIONS
 from normkernels.kernels.target import jit_target
 from normkernels.kernels.vectors import (
     arrays_ok,
@@ -94,6 +96,35 @@ def _float32_scalars(builder, m, a, lanes):
 LANES_LIMIT = 2.0 ** 100  # float32 lanes where |m| and 1 / a are below it, a too
 
 
+def _well_scaled(builder, m, a):
+    """The ``i1`` "this row takes float32 lanes" of float64 row scalars ``m``, ``a``."""
+    limit = ir.Constant(_F64, LANES_LIMIT)
+    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F64, [_F64]),
+                                          "llvm.fabs.f64")
+    return builder.and_(builder.and_(builder.fcmp_ordered("<", builder.call(fabs, [m]), limit),
+                                     builder.fcmp_ordered("<", a, limit)),
+                        builder.fcmp_ordered(">", a, ir.Constant(_F64, 1.0 / LANES_LIMIT)))
+
+
+@intrinsic
+def well_scaled(typingctx, y, m, a):
+    """Whether a row of storage ``y`` with scalars ``m``, ``a`` takes float32 lanes (True
+    for every storage without the choice). A row loop branches on it once, around its
+    vectors: the same comparison inside each vector then folds (LLVM propagates the
+    branch's condition), so neither loop tests it per vector and both keep their
+    constants in registers (with the test inside, SiLU's loop reloaded its 15)."""
+    if not isinstance(y, types.Array):
+        return None
+    choice = float32_lanes(y) and m == types.float64 and a == types.float64
+
+    def codegen(context, builder, sig, args):
+        if choice:
+            return _well_scaled(builder, args[1], args[2])
+        return ir.Constant(ir.IntType(1), 1)
+
+    return types.boolean(y, m, a), codegen
+
+
 def _float32_row(builder, xv, m, a, s, b, llama, res):
     """The float32 storage's Y before its activation, from float32 vectors ``xv``, ``s``,
     ``b``, ``res`` (None: none) and the float64 row scalars ``m``, ``a`` (the fold's
@@ -102,14 +133,8 @@ def _float32_row(builder, xv, m, a, s, b, llama, res):
     float32 with room), else float64 lanes and one rounding (``llama``, an ``i1`` or a
     bool: the normalized value rounded to float32 first). A branch per vector on a row
     constant, never taken on ordinary rows."""
-    limit = ir.Constant(_F64, LANES_LIMIT)
-    fabs = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F64, [_F64]),
-                                          "llvm.fabs.f64")
-    ok = builder.and_(builder.and_(builder.fcmp_ordered("<", builder.call(fabs, [m]), limit),
-                                   builder.fcmp_ordered("<", a, limit)),
-                      builder.fcmp_ordered(">", a, ir.Constant(_F64, 1.0 / LANES_LIMIT)))
     lanes = xv.type.count
-    with builder.if_else(ok, likely=True) as (lanes32, lanes64):
+    with builder.if_else(_well_scaled(builder, m, a), likely=True) as (lanes32, lanes64):
         with lanes32:
             m32, a_hi, a_lo, c32 = _float32_scalars(builder, m, a, lanes)
             t = builder.fsub(xv, m32)
@@ -244,3 +269,15 @@ vector_normalize_row = _row_intrinsic(False)
 stream_normalize_row = _row_intrinsic(True)
 # one element (float32 storage's heads and tails: the vectors' arithmetic, lane by lane)
 scalar_normalize_row = _row_intrinsic(False, scalar=True)
+
+
+# the row loops take these as their ``vector`` argument (a function value: not an
+# intrinsic, which Numba cannot pass)
+@njit(**INLINE_OPTIONS)
+def vector_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
+    vector_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)
+
+
+@njit(**INLINE_OPTIONS)
+def stream_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
+    stream_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)

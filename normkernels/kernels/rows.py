@@ -62,8 +62,9 @@ from normkernels.kernels.options import (
 )
 from normkernels.kernels.row_vectors import (
     scalar_normalize_row,
-    stream_normalize_row,
-    vector_normalize_row,
+    stream_row,
+    vector_row,
+    well_scaled,
 )
 from normkernels.kernels.scale_shift import store_fence
 from normkernels.kernels.statistics import (
@@ -83,9 +84,7 @@ BLOCK_ELEMENTS = 1 << 15  # rows reduced, folded and normalized together (in L2)
 def _wide_moments(xs):
     """(mean, M2) in float64, by the per-channel statistics' rule: sub-blocks of
     ``SUB_BLOCK`` in one pass over deviations from their first element (two passes
-    where that cancels), merged in order. One read of the row: the two-pass form
-    (the mean, then the squared deviations) made the statistics of a row of 768 twice
-    as long."""
+    where that cancels), merged in order: one read of the row (docs/design.md)."""
     n, mean, m2 = 0, 0.0, 0.0
     for lo in range(0, xs.size, SUB_BLOCK):
         hi = min(xs.size, lo + SUB_BLOCK)
@@ -209,16 +208,6 @@ def fold_row(mean, var, epsilon, centered, m, a, c, r):
         c[r] = -((mean - np.float64(m[r])) * inv)
 
 
-@njit(**_INLINE)
-def vector_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
-    vector_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)
-
-
-@njit(**_INLINE)
-def stream_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
-    stream_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)
-
-
 def _activated(y, act, value):
     """``act`` of the row arithmetic's ``value`` for storage array ``y``: in float32 for
     float32 storage (the value rounded first, as the vectors round it), else in
@@ -273,16 +262,20 @@ def _scalar_run_impl(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
 @njit(**_INLINE)
 def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector, ro, res, act):
     """``n`` elements of a row from ``x[xo]`` into ``y[yo]``, columns from ``j``, the
-    residual (None: none) from ``res[ro]``, then the activation ``act``: scalar head to
-    64-byte alignment of ``y``, vectors, scalar tail (the same epilogue in each)."""
+    residual (None: none) from ``res[ro]``, then ``act``: scalar head to 64-byte
+    alignment of ``y``, vectors, scalar tail (the same epilogue in each)."""
     size = item_bytes(y)  # a constant: y.itemsize is read at run time (a division per row)
     width = VECTOR_BYTES // size
     misalignment = (y.ctypes.data + yo * size) & (VECTOR_BYTES - 1)
     head = 0 if misalignment == 0 else min(n, (VECTOR_BYTES - misalignment) // size)
     body = head + (n - head) // width * width
     _scalar_run(x, xo, y, yo, head, m, a, c, s, b, j, ro, res, act)
-    for i in range(head, body, width):
-        vector(x, xo + i, y, yo + i, m, a, c, s, b, j + i, ro + i, res, act)
+    if well_scaled(y, m, a):  # the same loop twice: see row_vectors.well_scaled
+        for i in range(head, body, width):
+            vector(x, xo + i, y, yo + i, m, a, c, s, b, j + i, ro + i, res, act)
+    else:
+        for i in range(head, body, width):
+            vector(x, xo + i, y, yo + i, m, a, c, s, b, j + i, ro + i, res, act)
     _scalar_run(x, xo + body, y, yo + body, n - body, m, a, c, s, b, j + body, ro + body, res,
                 act)
 

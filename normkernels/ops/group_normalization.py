@@ -105,11 +105,11 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
                         engine, path=None):
     """Spec layer of :func:`normkernels.group_normalization`."""
     key = given = None
-    if path is None and activation is None and add is None:  # an earlier call's plan
+    if path is None and add is None:  # an earlier call's plan
         try:
-            key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format,
+            key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format, activation,
                    type(opset), type(epsilon), type(stash_type), type(num_groups),
-                   type(data_format), type(X), X.shape, X.strides, X.dtype,
+                   type(data_format), type(activation), type(X), X.shape, X.strides, X.dtype,
                    type(scale), scale.shape, scale.strides, scale.dtype,
                    type(bias), bias.shape, bias.strides, bias.dtype, plans.out_key(out, X))
             plan = plans.get(key)
@@ -160,7 +160,8 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     # a plan for per-channel parameters only (opset 18's are repeated per call)
     if key is not None and eps and not version.per_group and plans.plain(given, checked):
         spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
-        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial, C // groups))
+        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial, C // groups,
+                                      act))
     return Y
 
 

@@ -62,11 +62,12 @@ def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type
                         path=None):
     """Spec layer of :func:`normkernels.layer_normalization`."""
     key = given = None
-    # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
-    if path is None and activation is None and add is None:
+    # a plan of an earlier call with this metadata (see ops/plans.py); none with add=
+    if path is None and add is None:
         try:
-            key = (OP, engine, opset, axis, epsilon, stash_type, num_outputs, type(opset),
-                   type(axis), type(epsilon), type(stash_type), type(num_outputs),
+            key = (OP, engine, opset, axis, epsilon, stash_type, num_outputs, activation,
+                   type(opset), type(axis), type(epsilon), type(stash_type), type(num_outputs),
+                   type(activation),
                    type(X), X.shape, X.strides, X.dtype,
                    type(Scale), Scale.shape, Scale.strides, Scale.dtype,
                    None if B is None else (type(B), B.shape, B.strides, B.dtype),
@@ -109,7 +110,7 @@ def layer_normalization(X, Scale, B=None, *, axis=None, epsilon=None, stash_type
                                   path, out, act=act, res=res)
     checked = (X, *arrays.values())
     if key is not None and eps and plans.plain(given, checked):
-        plans.add(key, rows.plan(engine, eps, True, X, a, checked[1:], out, finish))
+        plans.add(key, rows.plan(engine, eps, True, X, a, checked[1:], out, finish, act=act))
     return finish(Y, mean, var)
 
 

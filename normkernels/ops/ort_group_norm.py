@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from normkernels.ops import common, group_normalization
+from normkernels.ops import common, group_normalization, plans
 from normkernels.ops.common import ALL_FLOATS
 
 GROUP_NORM = "GroupNorm"  # com.microsoft
@@ -67,13 +67,35 @@ def ort_group_norm(X, gamma, beta, *, groups, activation, epsilon=1e-5, channels
                    out=None, engine, path=None):
     """Spec layer of :func:`normkernels.ort_group_norm`."""
     label = GROUP_NORM
+    key = given = None
+    if path is None:  # an earlier call's plan (see ops/plans.py)
+        try:
+            key = (label, engine, groups, activation, epsilon, channels_last, type(groups),
+                   type(activation), type(epsilon), type(channels_last), type(X), X.shape,
+                   X.strides, X.dtype, type(gamma), gamma.shape, gamma.strides, gamma.dtype,
+                   type(beta), beta.shape, beta.strides, beta.dtype, plans.out_key(out, X))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(X, gamma, beta, out)
+            if Y is not None:
+                return Y
+        given = (X, gamma, beta)
     eps, act, data_format = _attributes(label, groups, activation, epsilon, channels_last)
     X, params, C = _arrays(label, X, gamma, beta, data_format)
     G = _check_groups(label, groups, C)
     if out is not None:
         common.check_out(label, out, X, params)
-    return group_normalization.normalize(label, X, params["gamma"], params["beta"], G, eps,
-                                         data_format, out, engine, path, act=act)[0]
+    Y = group_normalization.normalize(label, X, params["gamma"], params["beta"], G, eps,
+                                      data_format, out, engine, path, act=act)[0]
+    checked = (X, params["gamma"], params["beta"])
+    # a plan where gamma and beta have X's dtype (the plans' kernels take one dtype)
+    if (key is not None and eps and X.dtype == checked[1].dtype
+            and plans.plain(given, checked)):
+        spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
+        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial, C // G, act))
+    return Y
 
 
 def _skip_kind(label, X, skip, data_format):

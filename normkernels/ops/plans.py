@@ -281,6 +281,7 @@ class Instance(NamedTuple):
     dtype: object
     reuse: Reuse
     group: int = 1  # channels per group (GroupNormalization); 1: instance normalization
+    act: object = None  # the activation epilogue's name (GroupNormalization's); None: none
 
     def __call__(self, X, scale, B, out):
         arrays = (X, scale, B, out)
@@ -292,25 +293,25 @@ class Instance(NamedTuple):
         y, x, yc = views
         if self.rows:
             self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon,
-                                      group=self.group)
+                                      group=self.group, act=self.act)
             return y
         self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon,
-                                    group=self.group)
+                                    group=self.group, act=self.act)
         if reusable(X, out, self.engine):
             self.reuse.offer(arrays, lambda: self.engine.bind_instance_planes(
-                x, yc, self.C, self.S, scale, B, self.epsilon, self.group))
+                x, yc, self.C, self.S, scale, B, self.epsilon, self.group, self.act))
         return y
 
 
-def instance(engine, epsilon, X, data_format, out, spatial, group=1):
+def instance(engine, epsilon, X, data_format, out, spatial, group=1, act=None):
     """The :class:`Instance` plan of a call that just passed the full checks (``group``
-    channels per group: GroupNormalization), or None."""
+    channels per group: GroupNormalization; ``act`` its activation), or None."""
     layout = _layout(X, data_format, out)
     if layout is None:
         return None
     order, S = layout
     return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
-                    S != spatial, order, X.shape, X.dtype, Reuse(), group)
+                    S != spatial, order, X.shape, X.dtype, Reuse(), group, act)
 
 
 class Checked(NamedTuple):

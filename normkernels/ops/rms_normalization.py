@@ -91,11 +91,11 @@ def _run(label, X, scale, axis, epsilon, stash, out, engine, path, act=None, add
 
 
 def _add_plan(key, given, checked, engine, epsilon, a, out, finish, rounding="once",
-              offset=0.0):
+              offset=0.0, act=None):
     X, s = checked
     if key is not None and epsilon and s.dtype == X.dtype and plans.plain(given, checked):
         plans.add(key, rows.plan(engine, epsilon, False, X, a, (s,), out, finish,
-                                 rounding=rounding, offset=offset))
+                                 rounding=rounding, offset=offset, act=act))
 
 
 def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, opset=23,
@@ -103,11 +103,11 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
                       path=None):
     """Spec layer of :func:`normkernels.rms_normalization`."""
     key = None
-    # a plan of an earlier call with this metadata (see ops/plans.py); none for epilogues
-    plain = activation is None and add is None and type(offset) in (int, float)
+    # a plan of an earlier call with this metadata (see ops/plans.py); none with add=
+    plain = add is None and type(offset) in (int, float)
     if path is None and plain:
-        key = _key(OP, engine, (opset, axis, epsilon, stash_type, rounding, offset), X, scale,
-                   out)
+        key = _key(OP, engine, (opset, axis, epsilon, stash_type, rounding, offset, activation),
+                   X, scale, out)
         Y = None if key is None else _planned(key, X, scale, out)
         if Y is not None:
             return Y
@@ -120,7 +120,7 @@ def rms_normalization(X, scale, *, axis=None, epsilon=None, stash_type=None, ops
     Y, a, _, *checked = _run(label, X, scale, attrs["axis"], eps, None, out, engine, path,
                              activation, add, offset, rounding)
     _add_plan(key, (X, scale), checked, engine, eps, a, out, _first, rounding,
-              common.check_float_attribute(label, "offset", offset))
+              common.check_float_attribute(label, "offset", offset), activation)
     return Y
 
 

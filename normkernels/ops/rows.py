@@ -236,7 +236,8 @@ class Plan(NamedTuple):
     X, Y (``out`` too) and parameters of exactly the normalized shape or ``(K,)``, Y in
     X's dtype; ``finish(Y, mean, var)`` makes the operator's outputs. ``offset``
     (Gemma's, nonzero): ``offset + scale`` is made at every call as the full path makes
-    it (the scale's values may change between calls)."""
+    it (the scale's values may change between calls). ``act``: the activation epilogue's
+    name (None: none)."""
 
     engine: object
     epsilon: float
@@ -249,6 +250,7 @@ class Plan(NamedTuple):
     reuse: plans.Reuse
     rounding: str = "once"
     offset: float = 0.0
+    act: object = None
 
     def __call__(self, X, scale, B, out, skip=None, bias=None):
         arrays = (X, scale, B, out, skip, bias)
@@ -270,6 +272,8 @@ class Plan(NamedTuple):
                 None if B is None else B.reshape(K), self.epsilon, self.centered,
                 None if skip is None else skip.reshape(-1, K), bias)
         extra = {} if self.rounding == "once" else {"rounding": self.rounding}
+        if self.act is not None:
+            extra["act"] = self.act
         mean, var = self.engine.normalize_rows(*args, **extra)
         result = self.finish(y, mean, var)
         if result is y and plans.reusable(X, out, self.engine):
@@ -296,7 +300,7 @@ class Plan(NamedTuple):
 
 
 def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, rounding="once",
-         offset=0.0):
+         offset=0.0, act=None):
     """The :class:`Plan` of a call that just passed the full checks, or None when it
     needs the full path (a copy of X, Y or skip, the general path, an empty X)."""
     M, K = rows_shape(X.shape, a)
@@ -310,4 +314,4 @@ def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, roundi
     if any(p.shape not in columns or not p.flags.c_contiguous for p in params):
         return None
     return Plan(engine, epsilon, centered, M, K, X.shape, X.dtype, finish, plans.Reuse(),
-                rounding, offset)
+                rounding, offset, act)
