@@ -738,6 +738,16 @@ MUTATIONS = [
              "the activation (a SiLU call served by the plain call's plan)", [
                  ("normkernels/ops/layer_normalization.py", "num_outputs, activation,",
                   "num_outputs,")], ["tests/test_plans.py", "-k", "activation"]),
+    mutation("plan-key-without-activation/rms", "RMSNormalization's plan key leaves out the "
+             "activation", [
+                 ("normkernels/ops/rms_normalization.py",
+                  "(opset, axis, epsilon, stash_type, rounding, offset, activation)",
+                  "(opset, axis, epsilon, stash_type, rounding, offset)")],
+             ["tests/test_plans.py", "-k", "activation"]),
+    mutation("plan-key-without-activation/groupnorm", "GroupNormalization's plan key leaves "
+             "out the activation", [
+                 ("normkernels/ops/group_normalization.py", "num_groups, data_format, activation,",
+                  "num_groups, data_format,")], ["tests/test_plans.py", "-k", "activation"]),
     mutation("plan-key-without-activation/ort-groupnorm", "GroupNorm's (com.microsoft) plan key "
              "leaves out the activation", [
                  ("normkernels/ops/ort_group_norm.py", "(label, engine, groups, activation, ",

@@ -592,21 +592,22 @@ B8 = np.linspace(-1.0, 1.0, 8).astype(np.float32)
 @pytest.mark.parametrize("out_kind", ["none", "out"])
 def test_plans_key_on_the_activation(rng, op, out_kind):
     """Calls with an activation plan (and bind) as plain ones do, each under its own key:
-    after plans for one activation, a call with the other (SiLU or none, in turn) gives
+    after plans for one activation, a call with another (none, SiLU, ReLU in turn) gives
     the full path's bits, never the planned activation's."""
     call = EPILOGUE_CALLS[op]
     shape = {"ort-group": (2, 3, 8), "group": (2, 8, 3)}.get(op, (6, 8))
     X = rng.standard_normal(shape).astype(np.float32)
     out = None if out_kind == "none" else np.empty(shape, np.float32)  # one object: bound
+    acts = (None, "silu") if op == "ort-group" else (None, "silu", "relu")
 
     def run(act):
         return np.array(call(X, act, out), copy=True)
 
     plans.clear()
-    want = {act: run(act) for act in (None, "silu")}  # full paths (nothing planned yet)
-    assert not np.array_equal(want[None], want["silu"])
-    for act in (None, "silu", "silu", None, None, "silu", "silu", None):
+    want = {act: run(act) for act in acts}  # full paths (nothing planned yet)
+    assert len({w.tobytes() for w in want.values()}) == len(acts)
+    for act in (*acts, *acts, acts[1], acts[1], acts[0], acts[-1], acts[0]):
         assert_identical(run(act), want[act])
-    assert len(plans.stored_keys()) == 2
+    assert len(plans.stored_keys()) == len(acts)
     # a bound call per activation (channels-last GroupNorm plans bind none)
-    assert plans.bound_calls() == (0 if out is None or op == "ort-group" else 2)
+    assert plans.bound_calls() == (0 if out is None or op == "ort-group" else len(acts))

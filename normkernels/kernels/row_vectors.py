@@ -32,12 +32,12 @@ result is Y's one rounding for 16-bit storage. Without an epilogue (``res`` None
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
-from numba.core.extending import intrinsic
+from numba.core.extending import intrinsic, overload
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels import activations
 from normkernels.kernels.activations import epilogue_ok
-from normkernels.kernels.options import INLINE_OPTIONS
+from normkernels.kernels.options import INLINE_OPTIONS, OVERLOAD_OPTIONS
 from normkernels.kernels.target import jit_target
 from normkernels.kernels.vectors import (
     arrays_ok,
@@ -281,3 +281,15 @@ def vector_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
 @njit(**INLINE_OPTIONS)
 def stream_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act):
     stream_normalize_row(x, xi, y, yi, m, a, c, s, b, j, ri, res, act)
+
+
+def streams(vector):
+    """Whether the row loop's ``vector`` (:func:`vector_row` or :func:`stream_row`) stores
+    non-temporally (64-byte aligned stores only); ``@njit`` only."""
+    raise NotImplementedError("streams is only callable from @njit code")
+
+
+@overload(streams, inline="always", jit_options=OVERLOAD_OPTIONS)
+def _streams(vector):
+    streaming = isinstance(vector, types.Dispatcher) and vector.dispatcher is stream_row
+    return lambda vector: streaming

@@ -63,6 +63,7 @@ from normkernels.kernels.options import (
 from normkernels.kernels.row_vectors import (
     scalar_normalize_row,
     stream_row,
+    streams,
     vector_row,
     well_scaled,
 )
@@ -262,11 +263,12 @@ def _scalar_run_impl(x, xo, y, yo, n, m, a, c, s, b, j, ro, res, act):
 @njit(**_INLINE)
 def normalize_run(x, xo, y, yo, n, m, a, c, s, b, j, vector, ro, res, act):
     """``n`` elements of a row from ``x[xo]`` into ``y[yo]``, columns from ``j``, the
-    residual (None: none) from ``res[ro]``, then ``act``: scalar head to 64-byte
-    alignment of ``y``, vectors, scalar tail (the same epilogue in each)."""
+    residual (None: none) from ``res[ro]``, then ``act``: a scalar head to 64-byte
+    alignment of ``y`` where ``vector`` streams (ordinary stores need none: unaligned
+    ones cost less than a head of scalar activations), vectors, scalar tail."""
     size = item_bytes(y)  # a constant: y.itemsize is read at run time (a division per row)
     width = VECTOR_BYTES // size
-    misalignment = (y.ctypes.data + yo * size) & (VECTOR_BYTES - 1)
+    misalignment = (y.ctypes.data + yo * size) & (VECTOR_BYTES - 1) if streams(vector) else 0
     head = 0 if misalignment == 0 else min(n, (VECTOR_BYTES - misalignment) // size)
     body = head + (n - head) // width * width
     _scalar_run(x, xo, y, yo, head, m, a, c, s, b, j, ro, res, act)
