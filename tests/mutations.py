@@ -481,8 +481,8 @@ MUTATIONS = [
     # issue 32: Llama's rounding, Gemma's offset, the in-place fused add
     mutation("llama-vectors-round-once", "the row vectors skip Llama's rounding of the "
              "normalized value", [
-                 (ROW_VECTORS, '        if sig.args[-1].rounding == "llama":  # rounded',
-                  '        if False:  # rounded')],
+                 (ROW_VECTORS, '        llama = sig.args[-1].rounding == "llama"\n',
+                  '        llama = False\n')],
              ["tests/test_llm_rows.py", "-k", "llama_is_the_rounded"]),
     mutation("llama-scalar-round-once", "the row kernels' scalar heads and tails skip Llama's "
              "rounding", [

@@ -143,23 +143,32 @@ def _float32_row(builder, xv, m, a, s, b, llama, res):
                 y32 = builder.fadd(y32, res)
             from32 = builder.block
         with lanes64:
-            v64 = ir.VectorType(_F64, lanes)
-            n = builder.fmul(builder.fsub(builder.fpext(xv, v64), broadcast(builder, m, lanes)),
-                             broadcast(builder, a, lanes))
-            rounded = builder.fpext(builder.fptrunc(n, xv.type), v64)
-            if isinstance(llama, ir.Value):
-                n = builder.select(llama, rounded, n)
-            elif llama:
-                n = rounded
-            y64 = builder.fadd(builder.fmul(n, builder.fpext(s, v64)), builder.fpext(b, v64))
-            if res is not None:
-                y64 = builder.fadd(y64, builder.fpext(res, v64))
-            y64 = builder.fptrunc(y64, xv.type)
+            y64 = _float64_lanes(builder, xv, m, a, s, b, llama, res)
             from64 = builder.block
     y = builder.phi(xv.type)
     y.add_incoming(y32, from32)
     y.add_incoming(y64, from64)
     return y
+
+
+def _float64_lanes(builder, xv, m, a, s, b, llama, res):
+    """Float32 storage's Y before its activation in float64 lanes (ill-scaled rows, and
+    every row on targets without FMA), rounded once to float32: float32 vectors ``xv``,
+    ``s``, ``b``, ``res`` (None: none), float64 row scalars ``m``, ``a`` (``llama``, an
+    ``i1`` or a bool: the normalized value rounded to float32 first)."""
+    lanes = xv.type.count
+    v64 = ir.VectorType(_F64, lanes)
+    n = builder.fmul(builder.fsub(builder.fpext(xv, v64), broadcast(builder, m, lanes)),
+                     broadcast(builder, a, lanes))
+    rounded = builder.fpext(builder.fptrunc(n, xv.type), v64)
+    if isinstance(llama, ir.Value):
+        n = builder.select(llama, rounded, n)
+    elif llama:
+        n = rounded
+    y64 = builder.fadd(builder.fmul(n, builder.fpext(s, v64)), builder.fpext(b, v64))
+    if res is not None:
+        y64 = builder.fadd(y64, builder.fpext(res, v64))
+    return builder.fptrunc(y64, xv.type)
 
 
 @intrinsic
@@ -200,40 +209,37 @@ def _row_codegen(nontemporal, scalar):
         narrow_lanes = float32_lanes(yty)
         wide = yty.dtype == types.float32 and not narrow_lanes  # float64 arithmetic
 
-        def load(k, index, elem=elem):  # a vector of array k, in the arithmetic's dtype
+        def load(k, index, elem=elem):  # a vector of array k, in its storage's arithmetic
             v = load_vector(builder, element_ptr(context, builder, sig.args[k], args[k],
                                                    index),
                              lanes, elem, sig.args[k].dtype.bitwidth // 8)
             if widen is not None and sig.args[k].dtype.bitwidth == 16:
                 v = widen(builder, v, lanes)
-            return builder.fpext(v, ir.VectorType(_F64, lanes)) if wide else v
+            return v
 
         xv = load(0, xi)
         table = _F64 if yty.dtype == types.float64 else _F32
         s, b = (load(k, j, table) for k in _TABLES)
         res = load(_RES, ri) if isinstance(sig.args[_RES], types.Array) else None
+        llama = sig.args[-1].rounding == "llama"
         if narrow_lanes:
             # a = a_hi + a_lo makes the normalized value one rounding of (x - m) * a + c
             # (error analysis: docs/design.md, "Float32 rows in float32 lanes")
             yv = _float32_row(builder, xv, args[_SCALARS[0]], args[_SCALARS[1]], s, b,
-                              sig.args[-1].rounding == "llama", res)
+                              llama, res)
+        elif wide:  # float32 storage without FMA: the ill-scaled rows' formula (c is -0.0)
+            yv = _float64_lanes(builder, xv, args[_SCALARS[0]], args[_SCALARS[1]], s, b,
+                                llama, res)
         else:
             m, a, c = (broadcast(builder, args[k], lanes) for k in _SCALARS)
             normalized = builder.fmul(builder.fsub(xv, m), a)
             if xv.type.element != _F64:  # float64 arithmetic: c is -0.0, which adds nothing
                 normalized = builder.fadd(normalized, c)
-            if sig.args[-1].rounding == "llama":  # rounded to Y's dtype before the scale
-                if wide:
-                    normalized = builder.fpext(
-                        builder.fptrunc(normalized, ir.VectorType(_F32, lanes)),
-                        normalized.type)
-                elif narrow is not None:
-                    normalized = widen(builder, narrow(builder, normalized, lanes), lanes)
+            if llama and narrow is not None:  # rounded to Y's dtype before the scale
+                normalized = widen(builder, narrow(builder, normalized, lanes), lanes)
             yv = builder.fadd(builder.fmul(normalized, s), b)
             if res is not None:  # the residual, before the activation
                 yv = builder.fadd(yv, res)
-            if wide:
-                yv = builder.fptrunc(yv, ir.VectorType(_F32, lanes))
         yv = activations.build(builder, sig.args[-1].kind, yv)
         if narrow is not None:
             yv = narrow(builder, yv, lanes)
