@@ -111,8 +111,8 @@ def well_scaled(typingctx, y, m, a):
     """Whether a row of storage ``y`` with scalars ``m``, ``a`` takes float32 lanes (True
     for every storage without the choice). A row loop branches on it once, around its
     vectors: the same comparison inside each vector then folds (LLVM propagates the
-    branch's condition), so neither loop tests it per vector and both keep their
-    constants in registers (with the test inside, SiLU's loop reloaded its 15)."""
+    branch's condition), so neither loop tests it per vector (a small gain: LLVM still
+    takes the activations' constants from memory broadcasts; docs/design.md)."""
     if not isinstance(y, types.Array):
         return None
     choice = float32_lanes(y) and m == types.float64 and a == types.float64
