@@ -71,6 +71,22 @@ def test_bind_writes_its_own_result_not_the_plain_calls(monkeypatch):
     assert np.array_equal(calls["bind"][0](), expected)
 
 
+def test_layers_of_one_shape_share_their_output():
+    """Y is shared by the layers of one shape (as torch's allocator and an engine's
+    memory plan reuse it), not one cold buffer per layer; the layers of another shape
+    get their own, and onnxruntime's bound Y is a buffer of its own."""
+    pytest.importorskip("onnxruntime")
+    small = networks.Network("t", "t", "layernorm", "NCX", ((4, 64), (4, 64), (2, 32)))
+    calls, skipped, checked = networks.layer_calls(small, ("onnxruntime",), 2)
+    assert not skipped and checked["onnxruntime"] < 1e-5
+    first, second, third = (call() for call in calls["normkernels"])
+    assert first is second and third is not first and third.shape == (2, 32)
+    ort = [call() for call in calls["onnxruntime"]]
+    assert np.shares_memory(ort[0], ort[1]) and not np.shares_memory(ort[0], first)
+    first[...] = 0
+    assert calls["bind"][1]() is first and np.any(first != 0)  # bind writes it too
+
+
 def test_networks_command(tmp_path, capsys):
     path = tmp_path / "n.json"
     argv = ["bench", "--suite", "networks", "--network", "llama-decode", "--repeat", "2",

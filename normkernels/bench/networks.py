@@ -1,15 +1,23 @@
 """``normkernels bench --suite networks``: the normalization layers of whole networks,
 back to back, as an inference engine calls them.
 
-Every layer of a network has its own preallocated X, parameters and Y (the previous
-layer has just written X; nothing is allocated per call). One pass calls every layer
-once, in network order; a candidate's time is the median pass. The candidates run
+Every layer of a network has its own preallocated X and parameters; the layers of one
+shape share their Y (nothing is allocated per call). One pass calls every layer once,
+in network order; a candidate's time is the median pass. The candidates run
 interleaved in one process: normkernels' plain call (``out=`` given), ``bind`` (each
-layer bound once), onnxruntime with io-binding (inputs and Y bound once), torch's
-``F.*`` functions under ``no_grad`` (they allocate Y, as a torch user's do) and the
-NumPy formula. Channels-last networks give the ONNX peers an NCHW copy made outside
-the timing. Every candidate's Y of every layer is checked against normkernels' before
-timing.
+layer bound once), onnxruntime with io-binding (inputs bound once, Y bound to the
+shared buffer of its shape), torch's ``F.*`` functions under ``no_grad`` (they
+allocate Y, as a torch user's do) and the NumPy formula.
+
+Why Y is shared: an engine's memory plan reuses an output buffer once its value is
+dead, and torch's allocator hands the block it freed back to the next Y of the same
+size, so a network's Y is written into memory that is already in cache. A Y of its
+own per layer made every write go to DRAM (a read for ownership, then the write
+back): at BERT-base batch 8 that was 0.22 ms a layer against 0.15 with the buffer
+shared, a cost the torch peer beside it never paid (docs/design.md).
+
+Channels-last networks give the ONNX peers an NCHW copy made outside the timing.
+Every candidate's Y of every layer is checked against normkernels' before timing.
 
 An in-place operator (vLLM's ``fused_add_rms_norm``: the ``-fused`` networks) is called
 as a serving loop calls it: each candidate has its own copies of every layer's written
@@ -149,10 +157,10 @@ def layer_calls(network, peers, threads):
     writes, see :func:`_in_place_layer`)."""
     layer = _in_place_layer if network.in_place else _layer
     calls = {name: [] for name in (*CANDIDATES, *peers)}
-    skipped, checked = {}, {}
+    skipped, checked, shared = {}, {}, {}
     for workload in network.workloads():
         running = [name for name in peers if name not in skipped]
-        made, errors = layer(workload, running, threads, skipped)
+        made, errors = layer(workload, running, threads, skipped, shared)
         for name, call in made.items():
             calls[name].append(call)
         for name, error in errors.items():
@@ -162,14 +170,27 @@ def layer_calls(network, peers, threads):
     return calls, skipped, checked
 
 
-def _peer_calls(workload, X, params, peers, threads, skipped):
-    """{peer: call} of one layer (onnxruntime with io-binding); a peer that cannot run
-    it goes into ``skipped`` with the reason."""
+def shared_output(shared, like):
+    """The Y buffer of ``like``'s shape, dtype and strides that the layers of a pass
+    share (made by the first layer that asks)."""
+    key = (like.shape, like.dtype.str, like.strides)
+    if key not in shared:
+        shared[key] = np.empty_like(like)
+    return shared[key]
+
+
+def _peer_calls(workload, X, params, peers, threads, skipped, shared=None):
+    """{peer: call} of one layer (onnxruntime with io-binding, into its own shared Y of
+    the shape when ``shared`` is given); a peer that cannot run it goes into ``skipped``
+    with the reason."""
     made = {}
     for name in peers:
         try:
             if name == "onnxruntime":
-                made[name] = peer_module.onnxruntime_bound_peer(workload, X, params, threads)
+                made[name] = peer_module.onnxruntime_bound_peer(
+                    workload, X, params, threads,
+                    out_for=None if shared is None else
+                    (lambda y: shared_output(shared.setdefault("onnxruntime", {}), y)))
             else:
                 made[name] = peer_module.PEERS[name](workload, X, params, threads)
         except peer_module.Unavailable as exc:
@@ -188,17 +209,19 @@ def _bound_arguments(workload, X, params):
     return function, record.arguments(X, params, "inference"), kwargs
 
 
-def _layer(workload, peers, threads, skipped):
+def _layer(workload, peers, threads, skipped, shared):
     """``({candidate: call}, {candidate: max relative difference of its Y from
-    normkernels'})`` of one layer: the plain call and ``bind`` share ``out``."""
+    normkernels'})`` of one layer: the plain call and ``bind`` write the Y that the
+    layers of X's shape share (``shared``: {candidate: {key: buffer}}; onnxruntime
+    has its own)."""
     import normkernels as nk
 
     X, params = workloads.make_inputs(workload)
-    out = np.empty_like(X)
+    out = shared_output(shared.setdefault("normkernels", {}), X)
     function, args, kwargs = _bound_arguments(workload, X, params)
     made = {"normkernels": workloads.normkernels_call(workload, X, params, out),
             "bind": nk.bind(function, *args, out=out, **kwargs),
-            **_peer_calls(workload, X, params, peers, threads, skipped)}
+            **_peer_calls(workload, X, params, peers, threads, skipped, shared)}
     expected = made["normkernels"]().copy()  # bind writes the same out
     return made, {name: workloads.max_relative_error(call(), expected)
                   for name, call in made.items() if name != "normkernels"}
@@ -214,7 +237,7 @@ def _private(workload, X, params):
     return x, tuple(rest), tuple(copies[id(a)] for a in written)
 
 
-def _in_place_layer(workload, peers, threads, skipped):
+def _in_place_layer(workload, peers, threads, skipped, shared=None):
     """:func:`_layer` for an in-place record (vLLM's ``fused_add_rms_norm``): every
     candidate gets its own copies of the arrays the call writes (X and the residual),
     the plain call and ``bind`` write theirs in place (no ``out``), the peers read

@@ -288,13 +288,16 @@ PEERS = {"numpy": numpy_peer, "onnx-ref": onnx_reference_peer, "onnxruntime": on
          "torch": torch_peer, "openvino": openvino_peer}
 
 
-def onnxruntime_bound_peer(workload, X, params, threads, out=None):
+def onnxruntime_bound_peer(workload, X, params, threads, out=None, out_for=None):
     """onnxruntime with its inputs and Y bound once (io-binding, as an engine runs it:
     no per-call allocation or copy); Y lands in ``out`` (of the model's NCX shape)
-    when given. The callable returns Y in the workload's layout."""
+    when given, else in ``out_for(x)`` (a buffer like the model's input ``x``) when
+    that is given. The callable returns Y in the workload's layout."""
     session, inputs = _ort_session(workload, X, params, threads)
     x = inputs[workload.operator.onnx.inputs[0]]
-    Y = np.empty(x.shape, x.dtype) if out is None else out
+    if out is None:
+        out = np.empty(x.shape, x.dtype) if out_for is None else out_for(x)
+    Y = out
     try:
         binding = session.io_binding()
         for name, arr in inputs.items():
