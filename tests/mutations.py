@@ -1236,6 +1236,17 @@ MUTATIONS = [
                   "hasattr(_Recorder, name))):",
                   "                and callable(getattr(Engine, name, None))):")],
              ["tests/test_bind.py", "-k", "gated"]),
+    mutation("torch/group-norm-statistics-without-eps", "GroupNorm's forward keeps "
+             "1 / sqrt(var) for the backward, without epsilon", [
+                 (GN_SPEC, "inv_std = 1.0 / np.sqrt(m2 / max(count, 1) + eps)",
+                  "inv_std = 1.0 / np.sqrt(m2 / max(count, 1))")],
+             ["tests/test_torch.py", "-k", "group_norm"]),
+    mutation("torch/group-norm-backward-drops-statistics", "the eager GroupNorm backward "
+             "recomputes the statistics it was given", [
+                 ("normkernels/torch/ops.py",
+                  'num_groups=num_groups, mean=array(mean, "mean"), inv_std=array(rstd, "rstd"),',
+                  "num_groups=num_groups,")],
+             ["tests/test_torch.py", "-k", "group_norm"]),
     mutation("bench/networks-output-per-layer", "the networks suite gives every layer a cold "
              "Y of its own again (torch's allocator hands its Y back warm)", [
                  ("normkernels/bench/networks.py", "    if key not in shared:\n",

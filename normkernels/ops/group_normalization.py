@@ -102,10 +102,13 @@ def normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path
 
 def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=None,
                         opset=21, data_format="NCX", activation=None, add=None, out=None,
-                        engine, path=None):
-    """Spec layer of :func:`normkernels.group_normalization`."""
+                        engine, path=None, statistics=False):
+    """Spec layer of :func:`normkernels.group_normalization`. ``statistics`` (for a
+    training forward, the PyTorch adapter's): return ``(Y, mean, inv_std)``, the
+    float64 per-(n, group) mean and ``1 / sqrt(var + epsilon)`` of shape ``(N,
+    num_groups)`` that :func:`normkernels.group_normalization_backward` takes."""
     key = given = None
-    if path is None and add is None:  # an earlier call's plan
+    if path is None and add is None and not statistics:  # an earlier call's plan
         try:
             key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format, activation,
                    type(opset), type(epsilon), type(stash_type), type(num_groups),
@@ -155,8 +158,13 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     scale, bias = arrays["scale"], arrays["bias"]
     if version.per_group:  # each channel takes its group's value
         scale, bias = np.repeat(scale, C // groups), np.repeat(bias, C // groups)
-    Y = normalize(label, X, scale, bias, groups, eps, data_format, out, engine, path, act,
-                  res)[0]
+    Y, mean, m2, count = normalize(label, X, scale, bias, groups, eps, data_format, out,
+                                   engine, path, act, res)
+    if statistics:
+        with np.errstate(all="ignore"):  # count 0: an empty X, no statistic is read
+            inv_std = 1.0 / np.sqrt(m2 / max(count, 1) + eps)
+        shape = (X.shape[0], groups)
+        return Y, mean.reshape(shape), inv_std.reshape(shape)
     # a plan for per-channel parameters only (opset 18's are repeated per call)
     if key is not None and eps and not version.per_group and plans.plain(given, checked):
         spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])

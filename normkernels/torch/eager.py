@@ -125,17 +125,22 @@ class RoundedRMSNorm(torch.autograd.Function):
 
 
 class GroupNorm(torch.autograd.Function):
+    """The forward's float64 statistics are kept for the backward (as torch's
+    ``native_group_norm`` keeps its mean and rstd): it reads X and dY twice, not X
+    three times."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, groups, eps):
-        ctx.save_for_backward(x, weight)
-        ctx.groups, ctx.eps, ctx.has_bias = groups, eps, bias is not None
-        return ops.group_norm_impl(x, groups, weight, bias, eps)
+        y, mean, rstd = ops.group_norm_impl(x, groups, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.groups, ctx.has_bias = groups, bias is not None
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        dx, dw, db = ops.group_norm_backward_impl(dy, x, w, ctx.groups, ctx.eps)
+        x, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = ops.group_norm_backward_impl(dy, x, w, mean, rstd, ctx.groups)
         return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None, None
 
 

@@ -8,10 +8,10 @@ only: what ``torch.compile`` and ``torch.export`` trace) and, for the forward
 operators, an autograd formula that calls the backward operator. Eager calls skip
 the dispatcher (``functional.py``: it cost 25 us a call) and run the same functions.
 
-What a backward needs is saved from the forward: the row normalizations' float64
-mean and inverse standard deviation, BatchNorm training's float64 batch statistics.
-GroupNorm and InstanceNorm backward recompute theirs from X (float64), as their
-forward functions return none.
+What a backward needs is saved from the forward: the row normalizations' and
+GroupNorm's float64 mean and inverse standard deviation, BatchNorm training's float64
+batch statistics. InstanceNorm's backward recomputes its statistics from X (float64),
+as its forward operator returns none.
 """
 
 import numpy as np
@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 
 from normkernels import api
+from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import group_normalization as _gn
 from normkernels.torch.tensors import array, numpy_dtype, optional, tensor
 
 NS = "normkernels"
@@ -117,8 +119,21 @@ def rms_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: T
 
 
 def group_norm_impl(x: Tensor, num_groups: int, weight: Tensor | None, bias: Tensor | None,
-                    eps: float) -> Tensor:
-    """GroupNorm of (N, C, *) (any memory format), weight and bias per channel."""
+                    eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(y, mean, rstd)``: GroupNorm of (N, C, *) (any memory format), weight and bias
+    per channel; mean and rstd float64 of shape (N, num_groups), the statistics Y was
+    normalized with (as ``torch.native_group_norm``'s, kept for the backward)."""
+    scale = _scale(weight, x, _channels(x))
+    y = torch.empty_like(x)
+    _, mean, rstd = _gn.group_normalization(
+        array(x, "input"), scale, _bias(bias, scale), num_groups=num_groups, epsilon=eps,
+        out=array(y, "out"), engine=ENGINE, statistics=True)
+    return y, tensor(mean), tensor(rstd)
+
+
+def group_norm_y(x, num_groups, weight, bias, eps):
+    """:func:`group_norm_impl`'s y alone (no statistics kept: inference, with the
+    call plans of :func:`normkernels.group_normalization`)."""
     scale = _scale(weight, x, _channels(x))
     y = torch.empty_like(x)
     api.group_normalization(array(x, "input"), scale, _bias(bias, scale),
@@ -126,12 +141,14 @@ def group_norm_impl(x: Tensor, num_groups: int, weight: Tensor | None, bias: Ten
     return y
 
 
-def group_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, num_groups: int,
-                             eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def group_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
+                             rstd: Tensor, num_groups: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dx, dweight, dbias)`` with the forward's statistics (:func:`group_norm_impl`)."""
     dx = torch.empty_like(x)
     _, dw, db = api.group_normalization_backward(
         array(dy, "grad"), array(x, "input"), _scale(weight, x, _channels(x)),
-        num_groups=num_groups, epsilon=eps, out=array(dx, "out"))
+        num_groups=num_groups, mean=array(mean, "mean"), inv_std=array(rstd, "rstd"),
+        out=array(dx, "out"))
     return dx, tensor(dw), tensor(db)
 
 
@@ -215,9 +232,11 @@ rms_norm = _op("rms_norm", rms_norm_impl, lambda x, n, w, eps: (
     torch.empty_like(x), x.new_empty(_stats_shape(x, n), dtype=F64)))
 rms_norm_backward = _op("rms_norm_backward", rms_norm_backward_impl,
                         lambda dy, x, w, rstd, n: _grads_fake(x, w, _tail(x, n))[:2])
-group_norm = _op("group_norm", group_norm_impl, lambda x, g, w, b, eps: torch.empty_like(x))
+group_norm = _op("group_norm", group_norm_impl, lambda x, g, w, b, eps: (
+    torch.empty_like(x), x.new_empty((x.shape[0], g), dtype=F64),
+    x.new_empty((x.shape[0], g), dtype=F64)))
 group_norm_backward = _op("group_norm_backward", group_norm_backward_impl,
-                          lambda dy, x, w, g, eps: _grads_fake(x, w, _channels(x)))
+                          lambda dy, x, w, mean, rstd, g: _grads_fake(x, w, _channels(x)))
 instance_norm = _op("instance_norm", instance_norm_impl,
                     lambda x, w, b, eps: torch.empty_like(x))
 instance_norm_backward = _op("instance_norm_backward", instance_norm_backward_impl,
@@ -268,13 +287,14 @@ def _rms_grad(ctx, dy, _):
 
 
 def _gn_setup(ctx, inputs, output):
-    x, g, w, b, eps = inputs
-    _save(ctx, (x, w), g=g, eps=eps, has_bias=b is not None)
+    x, g, w, b, _ = inputs
+    ctx.mark_non_differentiable(output[1], output[2])
+    _save(ctx, (x, w, output[1], output[2]), g=g, has_bias=b is not None)
 
 
-def _gn_grad(ctx, dy):
-    x, w = ctx.saved_tensors
-    dx, dw, db = group_norm_backward(dy, x, w, ctx.g, ctx.eps)
+def _gn_grad(ctx, dy, *_):
+    x, w, mean, rstd = ctx.saved_tensors
+    dx, dw, db = group_norm_backward(dy, x, w, mean, rstd, ctx.g)
     return dx, None, _keep(dw, w is not None), _keep(db, ctx.has_bias), None
 
 
