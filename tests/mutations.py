@@ -1247,6 +1247,18 @@ MUTATIONS = [
                   'num_groups=num_groups, mean=array(mean, "mean"), inv_std=array(rstd, "rstd"),',
                   "num_groups=num_groups,")],
              ["tests/test_torch.py", "-k", "group_norm"]),
+    mutation("torch/instance-norm-statistics-without-eps", "InstanceNorm's forward keeps "
+             "1 / sqrt(var) for the backward, without epsilon", [
+                 ("normkernels/ops/instance_normalization.py",
+                  "inv_std = 1.0 / np.sqrt(m2 / max(spatial, 1) + eps)",
+                  "inv_std = 1.0 / np.sqrt(m2 / max(spatial, 1))")],
+             ["tests/test_torch.py", "-k", "forward_statistics"]),
+    mutation("torch/instance-norm-backward-drops-statistics", "the InstanceNorm backward "
+             "recomputes the statistics it was given", [
+                 ("normkernels/torch/ops.py",
+                  '        mean=array(mean, "mean"), inv_std=array(rstd, "rstd"), out=array(dx, '
+                  '"out"))', '        out=array(dx, "out"))')],
+             ["tests/test_torch.py", "-k", "forward_statistics"]),
     mutation("bench/networks-output-per-layer", "the networks suite gives every layer a cold "
              "Y of its own again (torch's allocator hands its Y back warm)", [
                  ("normkernels/bench/networks.py", "    if key not in shared:\n",

@@ -512,28 +512,43 @@ def test_repeated_calls_without_grad_take_the_direct_route_and_stay_exact(gen, d
     assert len([p for p in direct._prepared.values() if p]) == len(calls), "no direct route"
 
 
+_GROUPED = {  # (the function, the operator's call, groups): GroupNorm of 3 groups, InstanceNorm
+    "group": (lambda x, w, b: nt.group_norm(x, 3, w, b),
+              lambda x, w, b: ops.group_norm(x, 3, w, b, 1e-5),
+              lambda x, w, b: TF.group_norm(x, 3, w, b), 3),
+    "instance": (lambda x, w, b: nt.instance_norm(x, weight=w, bias=b),
+                 lambda x, w, b: ops.instance_norm(x, w, b, 1e-5),
+                 lambda x, w, b: TF.instance_norm(x, weight=w, bias=b), 6),
+}
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["NCX", "NXC"])
-def test_group_norm_backward_uses_the_forward_statistics(gen, monkeypatch, channels_last):
-    """GroupNorm's forward returns (and its autograd keeps) the float64 per-(n, group)
-    mean and ``1 / sqrt(var + eps)`` it normalized with, as torch's native_group_norm
-    does; the backward reads X and dY with them and never recomputes statistics (the
-    engine's recomputing reduction fails here). Variance near epsilon: an inverse
-    standard deviation without it would be off by half."""
+@pytest.mark.parametrize("which", list(_GROUPED))
+def test_group_norm_backward_uses_the_forward_statistics(gen, monkeypatch, channels_last,
+                                                         which):
+    """GroupNorm's and InstanceNorm's forward operators return (and their autograd
+    keeps) the float64 per-(n, group) mean and ``1 / sqrt(var + eps)`` they normalized
+    with, as torch's native_group_norm does; the backward reads X and dY with them and
+    never recomputes statistics (the engine's recomputing reduction fails here).
+    Variance near epsilon: an inverse standard deviation without it would be off by
+    half."""
     from normkernels.engine.numba_engine import ENGINE
     from normkernels.torch import eager
 
+    ours, operator, theirs, groups = _GROUPED[which]
     x = torch.randn(2, 6, 5, 7, generator=gen, dtype=torch.float64) * 3e-3 + 0.5
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     w, b = torch.randn(6, generator=gen, dtype=torch.float64), torch.randn(6, generator=gen,
                                                                            dtype=torch.float64)
     dy = torch.randn(2, 6, 5, 7, generator=gen, dtype=torch.float64)
-    y, mean, rstd = ops.group_norm(x, 3, w, b, 1e-5)
-    torch.testing.assert_close(y, TF.group_norm(x, 3, w, b), rtol=1e-9, atol=1e-9)  # torch: sums
-    groups = x.reshape(2, 3, -1)
-    assert mean.shape == rstd.shape == (2, 3) and mean.dtype == rstd.dtype == torch.float64
-    torch.testing.assert_close(mean, groups.mean(-1), rtol=1e-13, atol=0)
-    torch.testing.assert_close(rstd, 1 / torch.sqrt(groups.var(-1, unbiased=False) + 1e-5),
+    y, mean, rstd = operator(x, w, b)
+    torch.testing.assert_close(y, theirs(x, w, b), rtol=1e-9, atol=1e-9)  # torch: sums
+    flat = x.reshape(2, groups, -1)
+    assert mean.shape == rstd.shape == (2, groups)
+    assert mean.dtype == rstd.dtype == torch.float64
+    torch.testing.assert_close(mean, flat.mean(-1), rtol=1e-13, atol=0)
+    torch.testing.assert_close(rstd, 1 / torch.sqrt(flat.var(-1, unbiased=False) + 1e-5),
                                rtol=1e-12, atol=0)
 
     def recomputed(*args, **kwargs):
@@ -541,11 +556,10 @@ def test_group_norm_backward_uses_the_forward_statistics(gen, monkeypatch, chann
 
     monkeypatch.setattr(ENGINE, "group_grad_sums", recomputed)
     inputs = [t.clone().requires_grad_() for t in (x, w, b)]
-    expected = torch.autograd.grad(TF.group_norm(inputs[0], 3, inputs[1], inputs[2]), inputs, dy)
+    expected = torch.autograd.grad(theirs(*inputs), inputs, dy)
     for mode in (None, _Passing):  # the eager autograd.Function, then the operators
         with mode() if mode else torch.enable_grad():
             assert eager.route(*inputs) == (eager.OP if mode else eager.GRAD)
-            got = torch.autograd.grad(nt.group_norm(inputs[0], 3, inputs[1], inputs[2]),
-                                      inputs, dy)
+            got = torch.autograd.grad(ours(*inputs), inputs, dy)
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)

@@ -17,6 +17,8 @@ at least float32 for float16).
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
@@ -66,12 +68,15 @@ def check_rank(version, label, shape):
 
 def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=None, opset=22,
                            data_format="NCX", activation=None, add=None, out=None, engine,
-                           path=None):
+                           path=None, statistics=False):
     """Spec layer of :func:`normkernels.instance_normalization`; ``engine`` runs the
     loops (``engine.instance_planes`` for channels-first memory,
-    ``engine.instance_rows`` for channels-last)."""
+    ``engine.instance_rows`` for channels-last). ``statistics`` (for a training
+    forward, the PyTorch adapter's): return ``(Y, mean, inv_std)``, the float64 per-(n,
+    c) mean and ``1 / sqrt(var + epsilon)`` of shape ``(N, C)`` that
+    :func:`normkernels.instance_normalization_backward` takes."""
     key = given = None
-    if path is None and activation is None and add is None:  # an earlier call's plan
+    if path is None and activation is None and add is None and not statistics:  # a plan
         try:
             key = (OP, engine, opset, epsilon, consumed_inputs, data_format, type(opset),
                    type(epsilon), type(consumed_inputs), type(data_format),
@@ -105,16 +110,23 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
         raise ValueError(f"{label}: input of shape {X.shape} has a zero-size spatial extent: "
                          "the mean and variance of zero elements are undefined")
     N = X.shape[0]
+    stats = {}
 
     def kernel(x, y, C, S, r=None):
         extra = common.epilogue(act, r)
         if S == spatial:  # channels-first memory (or spatial size 1: both agree)
-            engine.instance_planes(x, y, C, S, arrays["scale"], arrays["B"], eps, path,
-                                   **extra)
+            stats["m"] = engine.instance_planes(x, y, C, S, arrays["scale"], arrays["B"], eps,
+                                                path, **extra)
         else:  # channels-last memory
-            engine.instance_rows(x, y, N, C, arrays["scale"], arrays["B"], eps, path, **extra)
+            stats["m"] = engine.instance_rows(x, y, N, C, arrays["scale"], arrays["B"], eps,
+                                              path, **extra)
 
     Y = common.map_layout(X, data_format, out, kernel, res)
+    if statistics:
+        mean, m2 = stats.get("m", (np.zeros(N * C), np.zeros(N * C)))
+        with np.errstate(all="ignore"):
+            inv_std = 1.0 / np.sqrt(m2 / max(spatial, 1) + eps)
+        return Y, mean.reshape(N, C), inv_std.reshape(N, C)
     if key is not None and eps and plans.plain(given, (X, arrays["scale"], arrays["B"])):
         plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial))
     return Y

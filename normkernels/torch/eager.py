@@ -145,17 +145,20 @@ class GroupNorm(torch.autograd.Function):
 
 
 class InstanceNorm(torch.autograd.Function):
+    """The forward's float64 statistics per (n, c) are kept for the backward."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        ctx.save_for_backward(x, weight)
-        ctx.eps, ctx.has_bias = eps, bias is not None
-        return ops.instance_norm_impl(x, weight, bias, eps)
+        y, mean, rstd = ops.instance_norm_impl(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.has_bias = bias is not None
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        dx, dw, db = ops.instance_norm_backward_impl(dy, x, w, ctx.eps)
+        x, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = ops.instance_norm_backward_impl(dy, x, w, mean, rstd)
         return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None
 
 

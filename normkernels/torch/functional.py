@@ -253,10 +253,10 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
     eps = float(eps)
     path = eager.route(input, weight, bias)
     if path == OP:
-        return ops.instance_norm(input, weight, bias, eps)
+        return ops.instance_norm(input, weight, bias, eps)[0]
     if path == GRAD:
         return eager.InstanceNorm.apply(input, weight, bias, eps)
-    return ops.instance_norm_impl(input, weight, bias, eps)
+    return ops.instance_norm_y(input, weight, bias, eps)
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,

@@ -8,10 +8,9 @@ only: what ``torch.compile`` and ``torch.export`` trace) and, for the forward
 operators, an autograd formula that calls the backward operator. Eager calls skip
 the dispatcher (``functional.py``: it cost 25 us a call) and run the same functions.
 
-What a backward needs is saved from the forward: the row normalizations' and
-GroupNorm's float64 mean and inverse standard deviation, BatchNorm training's float64
-batch statistics. InstanceNorm's backward recomputes its statistics from X (float64),
-as its forward operator returns none.
+What a backward needs is saved from the forward: the row normalizations',
+GroupNorm's and InstanceNorm's float64 mean and inverse standard deviation, BatchNorm
+training's float64 batch statistics.
 """
 
 import numpy as np
@@ -21,6 +20,7 @@ from torch import Tensor
 from normkernels import api
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import group_normalization as _gn
+from normkernels.ops import instance_normalization as _in
 from normkernels.torch.tensors import array, numpy_dtype, optional, tensor
 
 NS = "normkernels"
@@ -153,8 +153,19 @@ def group_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean:
 
 
 def instance_norm_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
-                       eps: float) -> Tensor:
-    """InstanceNorm of (N, C, *) with the statistics of each (n, c)."""
+                       eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(y, mean, rstd)``: InstanceNorm of (N, C, *) with the statistics of each (n,
+    c), which are returned (float64, shape (N, C)) and kept for the backward."""
+    scale = _scale(weight, x, _channels(x))
+    y = torch.empty_like(x)
+    _, mean, rstd = _in.instance_normalization(
+        array(x, "input"), scale, _bias(bias, scale), epsilon=eps, out=array(y, "out"),
+        engine=ENGINE, statistics=True)
+    return y, tensor(mean), tensor(rstd)
+
+
+def instance_norm_y(x, weight, bias, eps):
+    """:func:`instance_norm_impl`'s y alone (inference, with the call plans)."""
     scale = _scale(weight, x, _channels(x))
     y = torch.empty_like(x)
     api.instance_normalization(array(x, "input"), scale, _bias(bias, scale), epsilon=eps,
@@ -162,12 +173,13 @@ def instance_norm_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     return y
 
 
-def instance_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None,
-                                eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def instance_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
+                                rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dx, dweight, dbias)`` with the forward's statistics (:func:`instance_norm_impl`)."""
     dx = torch.empty_like(x)
     _, dw, db = api.instance_normalization_backward(
-        array(dy, "grad"), array(x, "input"), _scale(weight, x, _channels(x)), epsilon=eps,
-        out=array(dx, "out"))
+        array(dy, "grad"), array(x, "input"), _scale(weight, x, _channels(x)),
+        mean=array(mean, "mean"), inv_std=array(rstd, "rstd"), out=array(dx, "out"))
     return dx, tensor(dw), tensor(db)
 
 
@@ -237,10 +249,11 @@ group_norm = _op("group_norm", group_norm_impl, lambda x, g, w, b, eps: (
     x.new_empty((x.shape[0], g), dtype=F64)))
 group_norm_backward = _op("group_norm_backward", group_norm_backward_impl,
                           lambda dy, x, w, mean, rstd, g: _grads_fake(x, w, _channels(x)))
-instance_norm = _op("instance_norm", instance_norm_impl,
-                    lambda x, w, b, eps: torch.empty_like(x))
+instance_norm = _op("instance_norm", instance_norm_impl, lambda x, w, b, eps: (
+    torch.empty_like(x), x.new_empty(x.shape[:2], dtype=F64), x.new_empty(x.shape[:2],
+                                                                           dtype=F64)))
 instance_norm_backward = _op("instance_norm_backward", instance_norm_backward_impl,
-                             lambda dy, x, w, eps: _grads_fake(x, w, _channels(x)))
+                             lambda dy, x, w, mean, rstd: _grads_fake(x, w, _channels(x)))
 batch_norm_training = _op("batch_norm_training", batch_norm_training_impl, lambda x, w, b, eps: (
     torch.empty_like(x), x.new_empty(_channels(x), dtype=F64),
     x.new_empty(_channels(x), dtype=F64)))
@@ -299,13 +312,14 @@ def _gn_grad(ctx, dy, *_):
 
 
 def _in_setup(ctx, inputs, output):
-    x, w, b, eps = inputs
-    _save(ctx, (x, w), eps=eps, has_bias=b is not None)
+    x, w, b, _ = inputs
+    ctx.mark_non_differentiable(output[1], output[2])
+    _save(ctx, (x, w, output[1], output[2]), has_bias=b is not None)
 
 
-def _in_grad(ctx, dy):
-    x, w = ctx.saved_tensors
-    dx, dw, db = instance_norm_backward(dy, x, w, ctx.eps)
+def _in_grad(ctx, dy, *_):
+    x, w, mean, rstd = ctx.saved_tensors
+    dx, dw, db = instance_norm_backward(dy, x, w, mean, rstd)
     return dx, _keep(dw, w is not None), _keep(db, ctx.has_bias), None
 
 
