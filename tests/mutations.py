@@ -1259,6 +1259,16 @@ MUTATIONS = [
                   '        mean=array(mean, "mean"), inv_std=array(rstd, "rstd"), out=array(dx, '
                   '"out"))', '        out=array(dx, "out"))')],
              ["tests/test_torch.py", "-k", "forward_statistics"]),
+    mutation("group-coefficients-no-residual", "the group backward's coefficients drop "
+             "the rounded mean's residual from K", [
+                 (BWD_DX, "kp = kg + (bg * (rounded - mean) if np.isfinite(rounded) else 0.0)",
+                  "kp = kg")],
+             ["tests/test_backward.py", "-k", "group_coefficients"]),
+    mutation("group-coefficients-twin-pairwise", "the twin's group sums go back to NumPy's "
+             "pairwise order", [
+                 (ENGINE_BASE, "g1 = np.cumsum((gamma * sum_dy).reshape(-1, Cg), axis=1)[:, -1]",
+                  "g1 = (gamma * sum_dy).reshape(-1, Cg).sum(axis=1)")],
+             ["tests/test_backward.py", "-k", "group_coefficients"]),
     mutation("bench/networks-output-per-layer", "the networks suite gives every layer a cold "
              "Y of its own again (torch's allocator hands its Y back warm)", [
                  ("normkernels/bench/networks.py", "    if key not in shared:\n",

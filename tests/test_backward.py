@@ -240,6 +240,40 @@ def test_the_twin_writes_the_kernels_bits_given_their_sums(rng):
             assert_identical(u, v)
 
 
+@pytest.mark.parametrize("Cg", [1, 3, 8, 10, 33])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_group_coefficients_are_the_twins_bits(rng, dtype, Cg):
+    """The group backward's coefficients (one compiled call in the Numba engine) give
+    the NumPy twin's bits: group sums in plane order (8 planes and more: where a
+    pairwise sum would differ), the mean rounded to the compute dtype with its
+    residual folded into K, a mean that overflows float32 (no residual), infinite and
+    NaN means, and per-group counts."""
+    G = 7
+    gamma = rng.standard_normal(G * Cg).astype(np.float32).astype(np.float64)
+    gmean = rng.standard_normal(G) * 10.0 ** rng.uniform(-3, 6, G)
+    gmean[1], gmean[2], gmean[3] = 1e39, np.inf, np.nan
+    r = rng.uniform(0.1, 10, G)
+    sum_dy, sum_dyx = rng.standard_normal(G * Cg) * 50, rng.standard_normal(G * Cg) * 50
+    M = Cg * 49
+    got = ENGINE.group_coefficients(gamma, gmean, r, sum_dy, sum_dyx, Cg, M, dtype)
+    twin = reference.ENGINE.group_coefficients(gamma, gmean, r, sum_dy, sum_dyx, Cg, M, dtype)
+    assert len(got) == len(twin) == 5
+    for u, v in zip(got, twin, strict=True):
+        assert u.dtype == v.dtype
+        assert_identical(u, v)
+    m, a, b, k, terms = got
+    cd = np.float64 if dtype == np.float64 else np.float32
+    assert m.dtype == cd
+    assert_identical(a, (gamma * np.repeat(r, Cg)).astype(cd))
+    assert_identical(terms, np.repeat(r, Cg) * sum_dyx)
+    g1 = np.cumsum(gamma[:Cg] * sum_dy[:Cg])[-1]  # in plane order, not NumPy's pairwise sum
+    g2 = np.cumsum(gamma[:Cg] * sum_dyx[:Cg])[-1]
+    b0 = -r[0] * r[0] * r[0] * g2 / M
+    assert b[0] == np.asarray(b0, cd)
+    residual = b0 * (np.float64(np.float32(gmean[0])) - gmean[0]) if cd == np.float32 else 0.0
+    assert k[0] == np.asarray(-r[0] * g1 / M + residual, cd)
+
+
 @pytest.mark.parametrize("fmt", ["NCX", "NXC"])
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
 def test_instance_normalization_backward_matches_oracle(rng, dtype, fmt):

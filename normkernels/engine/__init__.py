@@ -112,6 +112,30 @@ class Engine:
                                                  path)
         return total, gmean, gm2, sum_dy, sum_dyx
 
+    def group_coefficients(self, gamma, gmean, r, sum_dy, sum_dyx, Cg, M, dtype):
+        """``(m, A, B, K, terms)``: the coefficients of :meth:`grad_apply` per plane of
+        the group backward (``Cg`` consecutive planes a group, float64 per-plane
+        ``gamma`` and sums, per-group ``gmean``, ``r`` and element count ``M``), in the
+        compute dtype of ``dtype``: ``A = gamma r``, ``B = -r^3 sum(gamma sum_dyx) / M``,
+        ``K = -r sum(gamma sum_dy) / M`` (the group sums in plane order), the mean
+        rounded with its residual folded into K (:func:`normkernels.ops.backward.rounded`);
+        and float64 ``terms = r sum_dyx`` per plane (the scale gradient's)."""
+        from normkernels.dtypes import FLOAT64, compute_dtype
+
+        cd = compute_dtype(dtype)
+        with np.errstate(all="ignore"):
+            rp = np.repeat(r, Cg)
+            mu = np.repeat(gmean, Cg)
+            # in plane order: cumsum adds left to right
+            g1 = np.cumsum((gamma * sum_dy).reshape(-1, Cg), axis=1)[:, -1]
+            g2 = np.cumsum((gamma * sum_dyx).reshape(-1, Cg), axis=1)[:, -1]
+            b = np.repeat(-r * r * r * g2 / M, Cg)
+            k = np.repeat(-r * g1 / M, Cg)
+            m = mu.astype(cd)
+            if cd != FLOAT64:
+                k = k + np.where(np.isfinite(m), b * (m.astype(np.float64) - mu), 0.0)
+            return m, (gamma * rp).astype(cd), b.astype(cd), k.astype(cd), rp * sum_dyx
+
     def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
         """``dx = dy * a[c] + (x - m[c]) * b[c] + k[c]`` in the compute dtype, rounded
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""

@@ -1,19 +1,21 @@
 """The Numba engine's elementwise gradients of the fused epilogues (a mixin of
 :class:`normkernels.engine.numba_engine.NumbaEngine`): an activation's derivative, ReLU's
-mask, and the gated residual of adaptive LayerNorm. Routes (``policy.took``):
+mask, and the gated residual of adaptive LayerNorm; and the group backward's
+coefficients (one compiled call). Routes (``policy.took``):
 ``activation_grad/<path>``, ``relu_mask/<path>``, ``gated_backward/<path>``, path serial
 or parallel (:func:`normkernels.engine.numba_gated.launch`: none has a streaming loop,
 the streaming path runs the parallel kernel)."""
 
 import numpy as np
 
-from normkernels.dtypes import storage_view
+from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_gated import launch
 from normkernels.kernels.activations import marker
 
 # kernel modules: imported at first use (engine/lazy.py)
 activation_grad = lazy(__name__, "activation_grad")
+backward_dx = lazy(__name__, "backward_dx")
 skip_kernels = lazy(__name__, "skip_kernels", "skip_sums")
 
 
@@ -38,3 +40,14 @@ class EpilogueGradientLoops:
                np.ascontiguousarray(gate, dln.dtype).reshape(-1), storage_view(dres.reshape(-1)),
                storage_view(dx.reshape(-1)), dgate, K, rows_per_gate)
         return dgate
+
+    def group_coefficients(self, gamma, gmean, r, sum_dy, sum_dyx, Cg, M, dtype):
+        cd = compute_dtype(dtype)
+        f64 = [np.ascontiguousarray(v, np.float64).reshape(-1)
+               for v in (gamma, gmean, r, sum_dy, sum_dyx)]
+        counts = np.ascontiguousarray(np.broadcast_to(np.asarray(M, np.float64), f64[1].shape))
+        m, a, b, k = (np.empty(f64[0].size, cd) for _ in range(4))
+        terms = np.empty(f64[0].size)
+        backward_dx.group_coefficients(*f64, int(Cg), counts, cd != FLOAT64, m, a, b, k, terms)
+        return m, a, b, k, terms
+

@@ -305,20 +305,15 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
             gmean, r = given[0][rows].ravel(), given[1][rows].ravel()
             sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per,
                                                        np.repeat(gmean, Cg), path)
-        mu = np.repeat(gmean, Cg)  # each plane's sums are around its group's mean
-        with np.errstate(all="ignore"):
-            g1 = (gamma * sum_dy).reshape(-1, Cg).sum(axis=1)
-            g2 = (gamma * sum_dyx).reshape(-1, Cg).sum(axis=1)
-            rp = np.repeat(r, Cg)
-            a = gamma * rp
-            b = np.repeat(-r * r * r * g2 / M, Cg)
-            k = np.repeat(-r * g1 / M, Cg)
-            if per_sample:
-                partials.append(((rp * sum_dyx).reshape(-1, C), sum_dy.reshape(-1, C)))
-            else:
-                dscale += (rp * sum_dyx).reshape(-1, C).sum(axis=0)
-                dB += sum_dy.reshape(-1, C).sum(axis=0)
-        engine.grad_apply(xv, dyv, dxv, planes, per, *rounded(mu, a, b, k, X.dtype), path)
+        # each plane's sums are around its group's mean
+        *coefficients, terms = engine.group_coefficients(gamma, gmean, r, sum_dy, sum_dyx,
+                                                         Cg, M, X.dtype)
+        if per_sample:
+            partials.append((terms.reshape(-1, C), sum_dy.reshape(-1, C)))
+        else:
+            dscale += terms.reshape(-1, C).sum(axis=0)
+            dB += sum_dy.reshape(-1, C).sum(axis=0)
+        engine.grad_apply(xv, dyv, dxv, planes, per, *coefficients, path)
     if per_sample:
         return (_result(X, order, dx, out), np.concatenate([p[0] for p in partials]),
                 np.concatenate([p[1] for p in partials]))
