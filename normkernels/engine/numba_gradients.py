@@ -43,9 +43,11 @@ class EpilogueGradientLoops:
 
     def group_coefficients(self, gamma, gmean, r, sum_dy, sum_dyx, Cg, M, dtype):
         cd = compute_dtype(dtype)
-        f64 = [np.ascontiguousarray(v, np.float64).reshape(-1)
+        # C-contiguous and writeable: a read-only array would be another Numba type
+        f64 = [np.require(v, np.float64, ("C", "W")).reshape(-1)
                for v in (gamma, gmean, r, sum_dy, sum_dyx)]
-        counts = np.ascontiguousarray(np.broadcast_to(np.asarray(M, np.float64), f64[1].shape))
+        counts = np.empty(f64[1].size)
+        counts[...] = M
         m, a, b, k = (np.empty(f64[0].size, cd) for _ in range(4))
         terms = np.empty(f64[0].size)
         backward_dx.group_coefficients(*f64, int(Cg), counts, cd != FLOAT64, m, a, b, k, terms)
