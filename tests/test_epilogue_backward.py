@@ -480,3 +480,89 @@ def test_ada_errors(rng):
         nk.ada_layer_norm_backward(X, X, s, s, residual=X[:1])
     with pytest.raises(ValueError, match=r"shift must have shape \(2, 3\)"):
         nk.ada_group_norm_backward(X, X, s, s, num_groups=1)
+
+
+def _composite_engine():
+    """The Numba engine with the epilogue passes of its twin (the base engine's: dZ
+    written, then the plain kernels on it)."""
+    from normkernels.engine import Engine
+    from normkernels.engine.numba_engine import NumbaEngine
+
+    class Composite(NumbaEngine):
+        epilogue_grad_sums = Engine.epilogue_grad_sums
+        epilogue_grad_apply = Engine.epilogue_grad_apply
+
+    return Composite()
+
+
+# (operator, NCX shape, layout, activation, residual, mask from Y, statistics given):
+# every loop of the fused passes (planes with several chunks a plane and blocks across
+# planes, rows with several column tiles, channels-last samples)
+FUSED_CASES = [
+    ("bn", (2, 3, 17, 19), "NCX", "silu", True, False, False),
+    ("bn", (1, 2, 260, 260), "NCX", "relu", True, True, False),
+    ("bn", (2, 5, 6, 7), "NXC", "gelu", False, False, False),
+    ("bn", (3, 4100, 3, 2), "NXC", "relu", True, False, False),
+    ("bn", (3, 4, 9, 11), "NCX", None, True, False, False),
+    ("gn", (2, 6, 20, 20), "NCX", "silu", True, False, True),
+    ("gn", (2, 6, 5, 7), "NCX", "gelu_tanh", False, False, False),
+    ("gn", (2, 8, 9, 10), "NXC", "silu", False, False, True),
+    ("gn", (3, 6, 4, 5), "NXC", "relu", True, True, False),
+]
+
+
+@pytest.mark.parametrize("path", ["serial", "parallel", "streaming"])
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda c: "-".join(map(str, c[:4])))
+def test_fused_passes_are_the_composition(rng, case, dtype, path):
+    """The fused epilogue backward (dZ made block by block inside the two passes) gives
+    the bits of the composition (dZ written, then the plain passes), on every loop and
+    path."""
+    from normkernels.ops import backward as spec
+
+    op, shape, fmt, kind, add, from_y, stats = case
+    X, dY, R, scale, B, mean, var = bn_case(rng, shape, dtype, fmt)
+    R = R if add else None
+    composite = _composite_engine()
+    if op == "bn":
+        Y = None
+        if from_y:
+            Y = nk.batch_normalization(X, scale, B, mean.astype(F32), var.astype(F32),
+                                       epsilon=EPS, activation=kind, add=R, data_format=fmt)
+        kw = dict(epsilon=EPS, data_format=fmt, activation=kind, add=R,
+                  B=None if from_y else B, Y=Y, path=path)
+        if kind is None:
+            kw.pop("B")
+        run = lambda e: spec.batch_normalization_backward(dY, X, scale, mean, var,  # noqa: E731
+                                                          engine=e, **kw)
+    else:
+        G = shape[1] // 2
+        scale, B = scale.astype(dtype), B.astype(dtype)  # the forward's one type T
+        Y, s = None, None
+        if from_y or stats:
+            Y, m, s = spec_group(X, scale, B, G, fmt, kind, R)
+        kw = dict(num_groups=G, epsilon=EPS, data_format=fmt, activation=kind, add=R,
+                  path=path, B=None if from_y else B, Y=Y if from_y else None)
+        if stats:
+            kw.update(mean=m, inv_std=s)
+        run = lambda e: spec.group_normalization_backward(dY, X, scale, engine=e,  # noqa: E731
+                                                          **kw)
+    got, want = run(_numba_engine()), run(composite)
+    assert len(got) == len(want) == (4 if add else 3)
+    for a, b in zip(got, want, strict=True):
+        assert_identical(a, b)
+
+
+def _numba_engine():
+    from normkernels.engine.numba_engine import ENGINE
+
+    return ENGINE
+
+
+def spec_group(X, scale, B, G, fmt, kind, R):
+    """The forward's Y and its statistics (the PyTorch adapter's route)."""
+    from normkernels.ops import group_normalization as gn
+
+    return gn.group_normalization(X, scale, B, num_groups=G, epsilon=EPS, data_format=fmt,
+                                  activation=kind, add=R, engine=_numba_engine(),
+                                  statistics=True)

@@ -14,9 +14,26 @@ Two engines implement the interface:
 Importing this package loads neither Numba nor the kernels.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 PATHS = ("serial", "parallel", "streaming")
+
+
+class Epilogue(NamedTuple):
+    """The forward's epilogue, for a backward pass through it: ``act`` the activation's
+    name (None: none); ``mask`` the forward's Y (ReLU's mask) or None; ``res`` the
+    residual or None (both flat, in x's memory order); ``m, a, b`` Z's coefficients
+    per channel in the compute dtype (None when Z is not needed: a mask, or a
+    residual alone)."""
+
+    act: str | None
+    mask: np.ndarray | None
+    res: np.ndarray | None
+    m: np.ndarray | None
+    a: np.ndarray | None
+    b: np.ndarray | None
 
 
 class Engine:
@@ -140,6 +157,49 @@ class Engine:
         """``dx = dy * a[c] + (x - m[c]) * b[c] + k[c]`` in the compute dtype, rounded
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""
         raise NotImplementedError
+
+    def epilogue_dz(self, x, dy, C, S, ep, path=None):
+        """dZ of an epilogue ``ep`` (:class:`Epilogue`) over flat arrays in x's memory
+        order: ReLU's mask (from ``ep.mask``, the forward's Y, or from Z) or a residual
+        alone give dY or +0 in X's dtype; a smooth activation gives ``dY * act'(Z)`` in
+        the compute dtype. Z is ``(x - ep.m[c]) * ep.a[c] + ep.b[c] + ep.res``, made by
+        :meth:`scale_shift` on X widened to the compute dtype."""
+        from normkernels.dtypes import compute_dtype
+
+        if ep.mask is None and ep.act is None:
+            return dy.copy()
+        cd = compute_dtype(x.dtype)
+        z = ep.mask
+        if z is None:
+            z = np.empty(x.shape, cd)
+            extra = {} if ep.res is None else {"res": ep.res.astype(cd)}
+            self.scale_shift(x.astype(cd), z, C, S, ep.m, ep.a, ep.b, path, **extra)
+        if ep.mask is not None or ep.act == "relu":
+            dz = np.empty_like(dy)
+            self.relu_mask(z, dy, dz, path)
+            return dz
+        self.activation_grad(z, dy, z, ep.act, path)
+        return z
+
+    def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None):
+        """:meth:`channel_grad_sums` of dZ (:meth:`epilogue_dz`). Here dZ is made, then
+        reduced; the Numba engine makes it block by block inside the reduction."""
+        return self.channel_grad_sums(x, self.epilogue_dz(x, dy, C, S, ep, path), C, S, mean,
+                                      path)
+
+    def epilogue_grad_apply(self, x, dy, dx, dres, C, S, m, a, b, k, ep, path=None):
+        """:meth:`grad_apply` of dZ, and ``dres = dZ`` rounded once to its dtype
+        (``dres`` None: no residual). Here dZ is made first (with 16-bit X under a
+        smooth activation, dX in float32, then rounded)."""
+        dz = self.epilogue_dz(x, dy, C, S, ep, path)
+        if dres is not None:
+            dres[...] = dz.astype(dres.dtype)
+        if dz.dtype == x.dtype:
+            self.grad_apply(x, dz, dx, C, S, m, a, b, k, path)
+            return
+        wide = np.empty(x.shape, dz.dtype)
+        self.grad_apply(x.astype(dz.dtype), dz, wide, C, S, m, a, b, k, path)
+        dx[...] = wide.astype(dx.dtype)
 
     def activation_grad(self, z, dy, dz, act, path=None):
         """``dz = dy * act'(z)`` in the compute dtype of flat arrays in one memory order

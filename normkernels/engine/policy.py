@@ -52,6 +52,12 @@ ROUTES = (
     # the epilogues' elementwise gradients (numba_gradients.py): no streaming loop either
     "activation_grad/serial", "activation_grad/parallel", "relu_mask/serial",
     "relu_mask/parallel", "gated_backward/serial", "gated_backward/parallel",
+    # the fused epilogue backward (numba_gradients.py): rows has no streaming loop
+    "epilogue_sums/planes/serial", "epilogue_sums/planes/parallel",
+    "epilogue_sums/rows/serial", "epilogue_sums/rows/parallel",
+    "epilogue_apply/planes/serial", "epilogue_apply/planes/parallel",
+    "epilogue_apply/planes/streaming", "epilogue_apply/rows/serial",
+    "epilogue_apply/rows/parallel",
 )
 _trace = None
 

@@ -161,57 +161,48 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     r = _inv_std(label, params.get("var"), params.get("inv_std"), epsilon)
     if out is not None:
         common.check_out(label, out, X, params, {"X": X, "dY": dY})
+    ep = None
     if _epilogue.wanted(activation, Y, B, add):
-        act, Y, B, res = _epilogue.check(label, activation, Y, B, add, X, C)
-
-        def pre_activation(Xc, Rc):
-            if params.get("var") is not None:  # the forward's own folding
-                return common.infer(Xc, params["scale"], B, params["mean"], params["var"],
-                                    epsilon, data_format, None, engine, path, res=Rc)
-            return _affine(Xc, Rc, params["scale"], B, params["mean"], r, data_format, engine,
-                           path)
-
-        def normalization(dZ, Xn, o):
-            return batch_normalization_backward(dZ, Xn, scale, mean, var, inv_std=inv_std,
-                                                epsilon=epsilon, training=training,
-                                                data_format=data_format, out=o, engine=engine,
-                                                path=path)
-
-        return _epilogue.backward(label, dY, X, act, Y, res, data_format, pre_activation,
-                                  normalization, out, engine, path)
+        ep = _epilogue.check(label, activation, Y, B, add, X, C)
     pdtype = params["scale"].dtype
     if X.size == 0:
         zeros = np.zeros(C, pdtype)
-        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+        grads = (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+        return grads + (() if ep is None or ep[3] is None else (np.empty_like(X),))
     x, dy, order, S = _same_layout(X, dY, data_format)
     mean64 = params["mean"].astype(np.float64)
-    sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
+    dres = None
+    if ep is None:
+        sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
+    else:
+        act, Y, B, res = ep
+
+        def coefficients():
+            if params.get("var") is not None:  # the forward's own folding
+                from normkernels.reference import fold_parameters
+
+                return fold_parameters(params["scale"], B, params["mean"], params["var"],
+                                       epsilon, X.dtype)
+            return _epilogue.z_coefficients(params["scale"].astype(np.float64), B, mean64, r,
+                                            X.dtype)
+
+        ep = _epilogue.prepare(act, Y, res, order, coefficients)
+        dres = _epilogue.residual_target(res, x)
+        sum_dy, sum_dyx = engine.epilogue_grad_sums(x, dy, C, S, mean64, ep, path)
     coefficients, dscale, dB = fold(params["scale"].astype(np.float64), mean64, r, sum_dy,
                                     sum_dyx, X.size // C, bool(training), X.dtype)
     dx = _target(x, dy, out, order, X, dY)
-    if training:
+    if training and ep is None:
         engine.grad_apply(x, dy, dx, C, S, *coefficients, path)
-    else:  # dX = dY * scale * r does not read X: a NaN or inf in X stays out of dX
+    elif training:
+        engine.epilogue_grad_apply(x, dy, dx, dres, C, S, *coefficients, ep, path)
+    elif ep is None:  # dX = dY * scale * r does not read X: a NaN or inf in X stays out of dX
         m, a, _, _ = coefficients
         engine.scale_shift(dy, dx, C, S, np.zeros_like(m), a, np.zeros_like(a), path)
-    return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
-
-
-def _affine(Xc, Rc, scale, B, mean, r, data_format, engine, path):
-    """``(x - mean) * scale * r + B (+ Rc)`` per channel in Xc's (compute) dtype, folded
-    as the forward folds: ``a`` rounded once, the mean's residual folded into ``b``."""
-    cd = Xc.dtype
-    mean64 = mean.astype(np.float64)
-    with np.errstate(all="ignore"):
-        a64 = scale.astype(np.float64) * r
-        m = mean64.astype(cd)
-        b = B.astype(np.float64) + np.where(np.isfinite(m), (m - mean64) * a64, 0.0)
-    a, b = a64.astype(cd), b.astype(cd)
-
-    def kernel(x, y, C, S, rr=None):
-        engine.scale_shift(x, y, C, S, m, a, b, path, **common.epilogue(None, rr))
-
-    return common.map_layout(Xc, data_format, None, kernel, Rc)
+    else:
+        _epilogue.scaled_grad(engine, x, dy, dx, dres, C, S, coefficients[1], ep, path)
+    grads = _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+    return grads + _epilogue.residual_result(dres, order)
 
 
 def instance_normalization_backward(dY, X, scale, *, epsilon=1e-5, mean=None, inv_std=None,
@@ -243,7 +234,7 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     (:mod:`normkernels.ops.epilogue_backward`). ``per_sample``: ``scale`` is a checked
     (N, C) table (AdaGroupNorm's ``1 + scale``), and ``dscale``, ``dB`` are the float64
     (N, C) sums per sample."""
-    from normkernels.ops.group_normalization import check_groups, normalize
+    from normkernels.ops.group_normalization import check_groups
 
     dY, X, params = _arrays(label, dY, X, {"scale": scale})
     common.check_data_format(label, data_format)
@@ -260,52 +251,58 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     given = given_statistics(label, mean, inv_std, (N, G), True)
     if out is not None:
         common.check_out(label, out, X, params, {"X": X, "dY": dY})
-    if _epilogue.wanted(*epilogue):
-        act, Y, B, res = _epilogue.check(label, *epilogue, X, C)
-
-        def pre_activation(Xc, Rc):
-            return normalize(label, Xc, params["scale"], B, G, eps, data_format, None, engine,
-                             path, res=Rc)[0]
-
-        def normalization(dZ, Xn, o):
-            return group_backward(label, dZ, Xn, scale, num_groups, epsilon, mean, inv_std,
-                                   data_format, o, engine, path)
-
-        return _epilogue.backward(label, dY, X, act, Y, res, data_format, pre_activation,
-                                  normalization, out, engine, path)
+    ep = _epilogue.check(label, *epilogue, X, C) if _epilogue.wanted(*epilogue) else None
     pdtype = params["scale"].dtype
     spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
     if X.size == 0 or spatial == 0:
         if spatial == 0 and N * C > 0:
             raise ValueError(f"{label}: X of shape {X.shape} has a zero-size spatial extent")
         zeros = np.zeros(params["scale"].shape if per_sample else C, pdtype)
-        return (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+        grads = (np.empty_like(X) if out is None else out), zeros, zeros.copy()
+        return grads + (() if ep is None or ep[3] is None else (np.empty_like(X),))
     x, dy, order, S = _same_layout(X, dY, data_format)
     dx = _target(x, dy, out, order, X, dY)
     scale64 = params["scale"].astype(np.float64).reshape(-1)
+    dres = None
+    if ep is not None:
+        act, Y, B, res = ep
+        ep = _epilogue.prepare(act, Y, res, order, lambda: (None, None, None))
+        dres = _epilogue.residual_target(res, x)
     if S == spatial:  # channels-first memory: N * C planes, a group's planes contiguous
-        views, planes, per = [(x, dy, dx)], N * C, spatial
+        views, planes, per = [(x, dy, dx, ep, dres)], N * C, spatial
     else:  # channels-last memory: one call per sample, C columns
-        views, planes, per = [(x[n], dy[n], dx[n]) for n in range(N)], C, 1
+        views, planes, per = [(x[n], dy[n], dx[n], None if ep is None else _sample(ep, n),
+                               None if dres is None else dres[n]) for n in range(N)], C, 1
     gammas = scale64.reshape(len(views), planes) if per_sample else None
     gamma = None if per_sample else np.tile(scale64, planes // C)
     dscale, dB = np.zeros(C), np.zeros(C)
     partials = []  # per_sample: each view's (dscale, dB) per (n, c)
     M = Cg * spatial
-    for i, (xv, dyv, dxv) in enumerate(views):
+    for i, (xv, dyv, dxv, epv, dresv) in enumerate(views):
         if per_sample:
             gamma = gammas[i]
-        if given is None:  # one reduction gives the statistics and the sums
+        rows = slice(None) if len(views) == 1 else slice(i, i + 1)
+        if given is not None:  # the caller's, per (n, group): all samples at once, or sample i
+            gmean, r = given[0][rows].ravel(), given[1][rows].ravel()
+        elif epv is None:  # one reduction gives the statistics and the sums
             M, gmean, gm2, sum_dy, sum_dyx = engine.group_grad_sums(xv, dyv, planes, per, Cg,
                                                                     path)
             with np.errstate(all="ignore"):
                 r = 1.0 / np.sqrt(gm2 / M + eps)
-        else:  # the caller's, per (n, group): all samples at once, or sample i
-            rows = slice(None) if len(views) == 1 else slice(i, i + 1)
-            gmean, r = given[0][rows].ravel(), given[1][rows].ravel()
+        else:  # dZ needs the statistics first: a pass over X for them
+            gmean, r = _group_statistics(engine, xv, planes, per, Cg, eps, path)
+        if epv is not None:
+            if act is not None and epv.mask is None:  # Z's coefficients, per plane
+                bias = np.tile(B.astype(np.float64), planes // C)
+                m, a, b = _epilogue.z_coefficients(gamma, bias, np.repeat(gmean, Cg),
+                                                   np.repeat(r, Cg), X.dtype)
+                epv = epv._replace(m=m, a=a, b=b)
+            sum_dy, sum_dyx = engine.epilogue_grad_sums(xv, dyv, planes, per,
+                                                        np.repeat(gmean, Cg), epv, path)
+        elif given is not None:
             sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per,
                                                        np.repeat(gmean, Cg), path)
-        # each plane's sums are around its group's mean
+        # the sums of every plane are around its group's mean
         *coefficients, terms = engine.group_coefficients(gamma, gmean, r, sum_dy, sum_dyx,
                                                          Cg, M, X.dtype)
         if per_sample:
@@ -313,11 +310,35 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
         else:
             dscale += terms.reshape(-1, C).sum(axis=0)
             dB += sum_dy.reshape(-1, C).sum(axis=0)
-        engine.grad_apply(xv, dyv, dxv, planes, per, *coefficients, path)
+        if epv is None:
+            engine.grad_apply(xv, dyv, dxv, planes, per, *coefficients, path)
+        else:
+            engine.epilogue_grad_apply(xv, dyv, dxv, dresv, planes, per, *coefficients, epv,
+                                       path)
     if per_sample:
         return (_result(X, order, dx, out), np.concatenate([p[0] for p in partials]),
                 np.concatenate([p[1] for p in partials]))
-    return _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+    grads = _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+    return grads + _epilogue.residual_result(dres, order)
+
+
+def _sample(ep, n):
+    """Sample ``n``'s part of an epilogue's arrays (channels-last memory)."""
+    return ep._replace(mask=None if ep.mask is None else ep.mask[n],
+                       res=None if ep.res is None else ep.res[n])
+
+
+def _group_statistics(engine, x, planes, S, group, eps, path):
+    """Per group of ``group`` consecutive planes of ``S``: float64 ``(mean, r)``, the
+    per-plane moments merged exactly (:meth:`normkernels.engine.Engine.group_grad_sums`'
+    merge)."""
+    count, mean, m2 = engine.channel_moments(x, planes, S, path)
+    n = count.reshape(-1, group).astype(np.float64)
+    mu = mean.reshape(-1, group)
+    with np.errstate(all="ignore"):
+        gmean = (n * mu).sum(axis=1) / n.sum(axis=1)
+        gm2 = (m2.reshape(-1, group) + n * (mu - gmean[:, None]) ** 2).sum(axis=1)
+        return gmean, 1.0 / np.sqrt(gm2 / n.sum(axis=1) + eps)
 
 
 LN = "LayerNormalizationBackward"

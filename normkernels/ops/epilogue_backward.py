@@ -10,10 +10,15 @@ The forward is ``Y = act(Z)``, ``Z = scale * x_hat + B + R``. Its gradient:
 
 Where Z comes from: ReLU's mask is ``Y > 0`` when the caller gives the forward's ``Y``
 (what oneDNN keeps in its workspace); otherwise Z is recomputed from X, the statistics,
-``B`` (and R) by the forward's own kernels, in the compute dtype. dZ of ReLU is dY or
-0, exact in X's dtype. For a smooth activation dZ stays in the compute dtype: with
-16-bit X the normalization's backward then runs on float32 (X widened, exactly) and
-dX and dR are rounded once, at the end.
+``scale``, ``B`` (and R), folded as the forward folds them (:func:`z_coefficients`),
+in the compute dtype. dZ of ReLU is dY or 0, exact in X's dtype. For a smooth
+activation dZ stays in the compute dtype (float32 for 16-bit X), and dX and dR are
+rounded once, at the end.
+
+This module checks the epilogue and lays it out (:class:`normkernels.engine.Epilogue`);
+the engine makes dZ: the Numba engine block by block inside the backward's two
+passes (:mod:`normkernels.kernels.epilogue_grad`), never in memory; its twin, the base
+engine, writes dZ and runs the plain passes on it.
 """
 
 import numpy as np
@@ -57,52 +62,57 @@ def check(label, activation, Y, B, add, X, C):
     return act, Y, B, res
 
 
-def backward(label, dY, X, act, Y, res, data_format, pre_activation, normalization, out,
-             engine, path):
-    """The epilogue's gradient, then the normalization's: ``normalization(dZ, X, out)``
-    returns ``(dX, dscale, dB)``; ``pre_activation(Xc, Rc)`` returns Z (X's shape, the
-    compute dtype) from ``Xc`` and the residual ``Rc``, both in the compute dtype.
-    Returns ``(dX, dscale, dB)``, followed by ``dR`` when ``res`` is given."""
-    if X.size == 0:
-        dX, dscale, dB = normalization(dY, X, out)
-        return (dX, dscale, dB) + (() if res is None else (np.empty_like(X),))
-    cd = compute_dtype(X.dtype)
-    Xl, order, _ = common.layout_or_copy(X, data_format)
-    back = np.argsort(order)
+def prepare(act, Y, res, order, coefficients):
+    """The :class:`normkernels.engine.Epilogue` of a call: ``Y`` and ``res`` (X's
+    shape) in the kernels' memory order (``order``: X's, from ``layout_or_copy``; copied
+    only when not already); ``coefficients()`` gives Z's ``(m, a, b)`` per channel,
+    called only when Z is read (no mask from Y, an activation)."""
+    from normkernels.engine import Epilogue
 
     def kernel_order(v):
-        return np.ascontiguousarray(v.transpose(order))
+        return None if v is None else np.ascontiguousarray(v.transpose(order))
 
-    dy = kernel_order(dY)
+    if Y is not None:
+        return Epilogue(act, kernel_order(Y), None, None, None, None)
     if act is None:  # a residual alone: dZ is dY
-        dz = dy.copy()
-    elif act == "relu":
-        dz = np.empty_like(dy)
-        if Y is not None:
-            mask = kernel_order(Y)
-        else:
-            mask = kernel_order(pre_activation(_widened(Xl, cd), _widened(res, cd)))
-        engine.relu_mask(mask, dy, dz, path)
-    else:
-        # Z is a new array in the compute dtype: dZ overwrites it, element by element
-        dz = kernel_order(pre_activation(_widened(Xl, cd), _widened(res, cd)))
-        engine.activation_grad(dz, dy, dz, act, path)
-    dZ = dz.transpose(back)
-    if dZ.dtype == X.dtype:
-        dX, dscale, dB = normalization(dZ, Xl, out)
-        grads = (dX, dscale, dB)
-        return grads if res is None else (*grads, dZ)
-    # 16-bit X under a smooth activation: dZ in float32, dX and dR rounded once at the end
-    dX32, dscale, dB = normalization(dZ, _widened(Xl, cd), None)
-    dX = np.empty_like(X) if out is None else out
-    np.copyto(dX, dX32.astype(X.dtype))
-    grads = (dX, dscale, dB)
-    return grads if res is None else (*grads, dZ.astype(X.dtype))
+        return Epilogue(None, None, None, None, None, None)
+    return Epilogue(act, None, kernel_order(res), *coefficients())
 
 
-def _widened(v, cd):
-    """``v`` in the compute dtype ``cd`` (itself when it is already), memory order kept
-    (16-bit to float32 is exact)."""
-    if v is None or v.dtype == cd:
-        return v
-    return v.astype(cd, order="K")
+def z_coefficients(scale, B, mean, r, dtype):
+    """Z's ``(m, a, b)`` per channel in the compute dtype of ``dtype`` from float64
+    ``mean`` and ``r = 1 / sqrt(var + epsilon)``: ``a = scale r`` rounded once, the
+    mean rounded with its residual folded into ``b`` (as the forward folds a float64
+    mean; with ``var`` instead of ``r`` the forward's own rule is
+    :func:`normkernels.reference.fold_parameters`)."""
+    cd = compute_dtype(dtype)
+    with np.errstate(all="ignore"):
+        a64 = scale * r
+        m = mean.astype(cd)
+        b = B.astype(np.float64) + np.where(np.isfinite(m), (m - mean) * a64, 0.0)
+    return m, a64.astype(cd), b.astype(cd)
+
+
+def residual_target(res, x):
+    """Where dR is written (X's dtype, the kernels' memory order), or None."""
+    return None if res is None else np.empty_like(x)
+
+
+def residual_result(dres, order):
+    """``(dR,)`` in X's memory order, or ``()`` without a residual."""
+    return () if dres is None else (dres.transpose(np.argsort(order)),)
+
+
+def scaled_grad(engine, x, dy, dx, dres, C, S, a, ep, path):
+    """``dX = dZ * a[c]`` (a backward with constant statistics: it does not read X, so
+    a NaN or inf in X stays out of dX but for Z's), and ``dR = dZ``."""
+    dz = engine.epilogue_dz(x, dy, C, S, ep, path)
+    if dres is not None:
+        dres[...] = dz.astype(dres.dtype)
+    zeros = np.zeros_like(a)
+    if dz.dtype == dx.dtype:
+        engine.scale_shift(dz, dx, C, S, zeros, a, zeros, path)
+        return
+    wide = np.empty(dz.shape, dz.dtype)  # 16-bit X, a smooth activation: rounded once
+    engine.scale_shift(dz, wide, C, S, zeros, a, zeros, path)
+    dx[...] = wide.astype(dx.dtype)

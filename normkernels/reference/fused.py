@@ -96,7 +96,7 @@ class EpilogueGradients:
 
     def relu_mask(self, y, dy, dz, path=None):
         with np.errstate(invalid="ignore"):
-            mask = y.reshape(-1).astype(np.float32) > 0
+            mask = y.reshape(-1).astype(np.float64) > 0  # exact for every float dtype
         dz.reshape(-1)[...] = np.where(mask, dy.reshape(-1), dy.dtype.type(0))
 
 
