@@ -39,38 +39,69 @@ def _grad(torch, outputs, inputs, dy):
     return lambda: torch.autograd.grad(outputs, inputs, dy, retain_graph=True)
 
 
-def bn_add_relu(rng, dtype, torch, F, shape=(32, 64, 112, 112)):
+def _layout(fmt, *arrays):
+    """NCX arrays, or their channels-last copies (NXC)."""
+    if fmt == "NCX":
+        return arrays
+    return tuple(np.ascontiguousarray(np.moveaxis(v, 1, -1)) for v in arrays)
+
+
+def bn_add_relu(rng, dtype, torch, F, shape=(32, 64, 112, 112), fmt="NCX", add=True):
     C = shape[1]
     x, r, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    r = r if add else np.zeros_like(r)
     scale, B = rng.uniform(0.5, 2, C).astype(dtype), rng.standard_normal(C).astype(dtype)
     x64 = x.astype(np.float64)
     mean, var = x64.mean(axis=(0, 2, 3)), x64.var(axis=(0, 2, 3))
-    Y = nk.batch_normalization(x, scale, B, mean.astype(dtype), var.astype(dtype),
-                               activation="relu", add=r)
-    dx = np.empty_like(x)
     leaves = [torch.tensor(v, requires_grad=True) for v in (x, scale, B, r)]
-    out = F.relu(F.batch_norm(leaves[0], None, None, leaves[1], leaves[2], training=True)
-                 + leaves[3])
+    if fmt == "NXC":
+        leaves[0] = leaves[0].detach().to(memory_format=torch.channels_last).requires_grad_()
+        leaves[3] = leaves[3].detach().to(memory_format=torch.channels_last).requires_grad_()
+    z = F.batch_norm(leaves[0], None, None, leaves[1], leaves[2], training=True)
+    out = F.relu(z + leaves[3] if add else z)
+    grads = _grad(torch, out, leaves if add else leaves[:3], torch.from_numpy(dy).contiguous(
+        memory_format=torch.channels_last if fmt == "NXC" else torch.contiguous_format))
+    x, r, dy = _layout(fmt, x, r, dy)
+    Y = nk.batch_normalization(x, scale, B, mean.astype(dtype), var.astype(dtype),
+                               activation="relu", add=r if add else None, data_format=fmt)
+    dx = np.empty_like(x)
+    kw = dict(data_format=fmt, out=dx)
     return {
-        "plain": lambda: nk.batch_normalization_backward(dy, x, scale, mean, var, out=dx),
-        "fused": lambda: nk.batch_normalization_backward(dy, x, scale, mean, var, out=dx,
-                                                         activation="relu", Y=Y, add=r),
-        "torch": _grad(torch, out, leaves, torch.from_numpy(dy)),
+        "plain": lambda: nk.batch_normalization_backward(dy, x, scale, mean, var, **kw),
+        "fused": lambda: nk.batch_normalization_backward(dy, x, scale, mean, var, **kw,
+                                                         activation="relu", Y=Y,
+                                                         add=r if add else None),
+        "torch": grads,
     }
 
 
-def gn_silu(rng, dtype, torch, F, shape):
+def gn_silu(rng, dtype, torch, F, shape, fmt="NCX", statistics=False):
+    """``statistics``: the forward's mean and inv_std given (the PyTorch adapter's
+    route); else recomputed from X."""
     C = shape[1]
     x, dy = (rng.standard_normal(shape).astype(dtype) for _ in range(2))
     g, b = rng.uniform(0.5, 2, C).astype(dtype), rng.standard_normal(C).astype(dtype)
-    dx = np.empty_like(x)
     leaves = [torch.tensor(v, requires_grad=True) for v in (x, g, b)]
+    if fmt == "NXC":
+        leaves[0] = leaves[0].detach().to(memory_format=torch.channels_last).requires_grad_()
     out = F.silu(F.group_norm(leaves[0], 32, leaves[1], leaves[2]))
+    grads = _grad(torch, out, leaves, torch.from_numpy(dy).contiguous(
+        memory_format=torch.channels_last if fmt == "NXC" else torch.contiguous_format))
+    x, dy = _layout(fmt, x, dy)
+    dx = np.empty_like(x)
+    kw = dict(num_groups=32, out=dx, data_format=fmt)
+    if statistics:
+        from normkernels.engine.numba_engine import ENGINE
+        from normkernels.ops import group_normalization as spec
+
+        _, mean, inv_std = spec.group_normalization(x, g, b, num_groups=32, data_format=fmt,
+                                                    engine=ENGINE, statistics=True)
+        kw.update(mean=mean, inv_std=inv_std)
     return {
-        "plain": lambda: nk.group_normalization_backward(dy, x, g, num_groups=32, out=dx),
-        "fused": lambda: nk.group_normalization_backward(dy, x, g, num_groups=32, out=dx,
-                                                         activation="silu", B=b),
-        "torch": _grad(torch, out, leaves, torch.from_numpy(dy)),
+        "plain": lambda: nk.group_normalization_backward(dy, x, g, **kw),
+        "fused": lambda: nk.group_normalization_backward(dy, x, g, **kw, activation="silu",
+                                                         B=b),
+        "torch": grads,
     }
 
 
@@ -130,6 +161,21 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     dtype = np.dtype(args.dtype)
     cases = [("BN + add + ReLU", "32x64x112x112", lambda: bn_add_relu(rng, dtype, torch, F))]
+    # the issue's sizes: X of 8 and 32 MB, both layouts
+    for mb, bn_shape, gn_shape, gn_last in ((8, (8, 64, 64, 64), (1, 512, 64, 64),
+                                             (1, 128, 128, 128)),
+                                            (32, (32, 64, 64, 64), (4, 512, 64, 64),
+                                             (4, 128, 128, 128))):
+        for fmt in ("NCX", "NXC"):
+            label = f"{'x'.join(map(str, bn_shape))} {fmt} ({mb} MB)"
+            cases.append(("BN + add + ReLU", label, lambda s=bn_shape, f=fmt: bn_add_relu(
+                rng, dtype, torch, F, s, f)))
+            cases.append(("BN + ReLU", label, lambda s=bn_shape, f=fmt: bn_add_relu(
+                rng, dtype, torch, F, s, f, add=False)))
+            shape = gn_shape if fmt == "NCX" else gn_last
+            label = f"{'x'.join(map(str, shape))} {fmt} ({mb} MB)"
+            cases.append(("GN + SiLU, statistics given", label, lambda s=shape, f=fmt: gn_silu(
+                rng, dtype, torch, F, s, f, statistics=True)))
     for shape in ((1, 512, 64, 64), (1, 128, 256, 256)):
         label = "x".join(map(str, shape))
         cases.append(("GN + SiLU", label, lambda s=shape: gn_silu(rng, dtype, torch, F, s)))

@@ -508,6 +508,10 @@ FUSED_CASES = [
     ("gn", (2, 6, 5, 7), "NCX", "gelu_tanh", False, False, False),
     ("gn", (2, 8, 9, 10), "NXC", "silu", False, False, True),
     ("gn", (3, 6, 4, 5), "NXC", "relu", True, True, False),
+    # dZ made again in the dX pass (ReLU without a residual: no dR to keep it in)
+    ("bn", (2, 3, 17, 19), "NCX", "relu", False, False, False),
+    ("bn", (2, 3, 300, 7), "NCX", "relu", False, True, False),
+    ("gn", (2, 4, 6, 5), "NXC", "relu", False, False, True),
 ]
 
 
@@ -551,6 +555,15 @@ def test_fused_passes_are_the_composition(rng, case, dtype, path):
     assert len(got) == len(want) == (4 if add else 3)
     for a, b in zip(got, want, strict=True):
         assert_identical(a, b)
+    # dX written over X (the reduction cannot keep dZ there) and over dY: the same bits
+    originals = X, dY
+    for over_x in (True, False):
+        X, dY = (v.copy() for v in originals)
+        out = X if over_x else dY
+        kw["out"] = out
+        got = run(_numba_engine())
+        assert got[0] is out
+        assert_identical(out, want[0])
 
 
 def _numba_engine():

@@ -181,11 +181,14 @@ class Engine:
         self.activation_grad(z, dy, z, ep.act, path)
         return z
 
-    def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None):
-        """:meth:`channel_grad_sums` of dZ (:meth:`epilogue_dz`). Here dZ is made, then
-        reduced; the Numba engine makes it block by block inside the reduction."""
-        return self.channel_grad_sums(x, self.epilogue_dz(x, dy, C, S, ep, path), C, S, mean,
-                                      path)
+    def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None, out=None):
+        """:meth:`channel_grad_sums` of dZ (:meth:`epilogue_dz`), and dZ written to
+        ``out`` (X's dtype, where dZ is exact in it; None: nowhere). Here dZ is made,
+        then reduced; the Numba engine makes it in the reduction's registers."""
+        dz = self.epilogue_dz(x, dy, C, S, ep, path)
+        if out is not None:
+            out[...] = dz
+        return self.channel_grad_sums(x, dz, C, S, mean, path)
 
     def epilogue_grad_apply(self, x, dy, dx, dres, C, S, m, a, b, k, ep, path=None):
         """:meth:`grad_apply` of dZ, and ``dres = dZ`` rounded once to its dtype

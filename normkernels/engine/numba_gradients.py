@@ -78,8 +78,9 @@ class EpilogueGradientLoops:
         views = [None if v is None else storage_view(v.reshape(-1)) for v in (ep.mask, ep.res)]
         return (marker(ep.act), *views, *tables, like)
 
-    def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None):
+    def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None, out=None):
         xs, dys = storage_view(x.ravel()), storage_view(dy.ravel())
+        outs = None if out is None else storage_view(out.ravel())
         total1, total2 = np.empty(C), np.empty(C)
         path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
         planes = backward_sums.sums_by_planes(C, S)
@@ -91,7 +92,7 @@ class EpilogueGradientLoops:
                 part1 = np.empty(xs.size // S * chunks)
                 part2 = np.empty_like(part1)
                 kernel_for(epilogue_grad.plane_sums, epilogue_grad.plane_sums_serial, path)(
-                    xs, dys, C, S, mean, part1, part2, *args)
+                    xs, dys, C, S, mean, part1, part2, *args, outs)
                 backward_sums.merge_plane_sums(part1, part2, C, S, total1, total2)
             else:
                 took("epilogue_sums", "rows", path)
@@ -100,7 +101,7 @@ class EpilogueGradientLoops:
                 blocks = -(-(xs.size // P) // rows)
                 part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
                 kernel_for(epilogue_grad.row_sums, epilogue_grad.row_sums_serial, path)(
-                    xs, dys, P, rows, np.repeat(mean, S), part1, part2, *args)
+                    xs, dys, P, rows, np.repeat(mean, S), part1, part2, *args, outs)
                 backward_sums.merge_row_sums(part1, part2, C, S, total1, total2)
         return total1, total2
 

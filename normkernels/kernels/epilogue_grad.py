@@ -139,12 +139,16 @@ def _ir_loaders(context, builder, sig, args, positions, index, count):
 
 
 @intrinsic
-def dz_lanes(typingctx, act, mask, res, x, dy, index, m, a, b, like):
+def dz_lanes(typingctx, act, mask, res, x, dy, index, m, a, b, like, out):
     """dZ of elements ``index..index + count - 1`` as float64 :class:`Lanes` (``like``
     float64): each lane computed as :func:`dz_store` computes it, in the compute dtype
-    (the same operations lane by lane, so the same bits), then widened exactly. dZ never
-    leaves the registers: the reduction overlaps its loads with its arithmetic."""
+    (the same operations lane by lane, so the same bits), then widened exactly; also
+    stored into ``out`` (None: not) in its dtype, where dZ is exact (X's). dZ never
+    goes through memory: the reduction overlaps its loads with its arithmetic."""
     if like != types.float64 or not _epilogue_typed(act, mask, res, x, dy, index):
+        return None
+    if not (isinstance(out, types.NoneType) or (isinstance(out, types.Array)
+                                                and storage_codec(out.dtype) is not None)):
         return None
     lanes = Lanes(types.float64)
     positions = dict(mask=1, res=2, x=3, dy=4, m=6, a=7, b=8)
@@ -154,11 +158,15 @@ def dz_lanes(typingctx, act, mask, res, x, dy, index, m, a, b, like):
         loaded, scalar = _ir_loaders(context, builder, sig, args, positions, i, lanes.count)
         dz = _dz_ir(builder, loaded, scalar, act.kind, not isinstance(mask, types.NoneType),
                     not isinstance(res, types.NoneType), lanes.count)
+        if not isinstance(out, types.NoneType):
+            narrow = storage_codec(out.dtype)[3]
+            kept = dz if narrow is None else narrow(builder, dz, lanes.count)
+            store_vector(context, builder, out, args[10], i, kept, False)
         if dz.type.element != ir.DoubleType():
             dz = builder.fpext(dz, ir.VectorType(ir.DoubleType(), lanes.count))
         return dz
 
-    return lanes(act, mask, res, x, dy, index, m, a, b, like), codegen
+    return lanes(act, mask, res, x, dy, index, m, a, b, like, out), codegen
 
 
 def _grad_lanes_typer(streaming):
@@ -218,26 +226,29 @@ TAIL = 16  # a lane count of float64: the reduction's tail
 
 
 @njit(**INLINE_OPTIONS)
-def _span_sums_of_dz(x, dy, mask, res, lo, hi, m, a, b, act, mu, dz):
+def _span_sums_of_dz(x, dy, mask, res, lo, hi, m, a, b, act, mu, like, out):
     """``(sum dz, sum dz * (x - mu))`` over elements ``lo..hi-1`` of one channel, in the
     order of :func:`normkernels.kernels.lanes.paired_sums` (lanes over the whole span,
-    then the tail): dZ made in the lanes (:func:`dz_lanes`); the tail's through ``dz``
-    (a buffer of at least a lane count)."""
+    then the tail): dZ made in the lanes (:func:`dz_lanes`), the tail's through a
+    buffer of ``like``'s dtype; dZ also written to ``out`` (None: not)."""
     xs, gs = x[lo:hi], dy[lo:hi]
     ms, rs = residual_slice(mask, lo, hi), residual_slice(res, lo, hi)
+    os = residual_slice(out, lo, hi)
     n = hi - lo
     count = lane_count(mu)
     body = n // count * count
     a3 = zeros(mu)
     a4 = zeros(mu)
     for i in range(0, body, count):
-        g = dz_lanes(act, ms, rs, xs, gs, i, m, a, b, mu)
+        g = dz_lanes(act, ms, rs, xs, gs, i, m, a, b, mu, os)
         a3 = a3 + g
         a4 = a4 + g * deviations(xs, i, mu)
     s3 = lane_sum(a3)
     s4 = lane_sum(a4)
     if body < n:
+        dz = np.empty(n - body, like.dtype)
         _dz_span(x, dy, mask, res, dz, lo + body, hi, 0, m, a, b, act)
+        copy_into(residual_slice(out, lo + body, hi), dz)
         for k in range(n - body):
             g = widened(dz, k, mu)
             s3 += g
@@ -246,19 +257,18 @@ def _span_sums_of_dz(x, dy, mask, res, lo, hi, m, a, b, act, mu, dz):
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def plane_sums(x, dy, C, S, mean, part1, part2, act, mask, res, zm, za, zb, like):
+def plane_sums(x, dy, C, S, mean, part1, part2, act, mask, res, zm, za, zb, like, out):
     """:func:`normkernels.kernels.backward_sums.plane_sums` of dZ (its bits: the same
     sums in the same order). ``zm, za, zb``: Z's coefficients per channel; ``like``:
-    an empty array of dZ's dtype (the tail's buffer)."""
+    an empty array of dZ's dtype; ``out``: where dZ is written too (None: nowhere)."""
     chunks = (S + PLANE_CHUNK - 1) // PLANE_CHUNK
     for item in prange(part1.size):
         p = item // chunks
         c = p % C
         lo = p * S + (item % chunks) * PLANE_CHUNK
         hi = min((p + 1) * S, lo + PLANE_CHUNK)
-        dz = np.empty(TAIL, like.dtype)
         part1[item], part2[item] = _span_sums_of_dz(x, dy, mask, res, lo, hi, zm[c], za[c],
-                                                    zb[c], act, mean[c], dz)
+                                                    zb[c], act, mean[c], like, out)
 
 
 def copy_into(out, dz):
@@ -343,22 +353,24 @@ def apply_planes_streaming(x, dy, dx, dres, C, S, m, a, b, k, act, mask, res, zm
 # --- rows (channels-last memory, short planes): rows of P columns, per-column tables ---
 
 @njit(**INLINE_OPTIONS)
-def _dz_rows(x, dy, mask, res, dz, first, last, j0, j1, P, zm, za, zb, act):
+def _dz_rows(x, dy, mask, res, dz, first, last, j0, j1, P, zm, za, zb, act, out):
     """dZ of rows ``first..last-1``, columns ``j0..j1-1``, into ``dz`` (rows of
-    ``j1 - j0``)."""
+    ``j1 - j0``), and into ``out`` (None: not)."""
     width = j1 - j0
     tm, ta, tb = zm[j0:j1], za[j0:j1], zb[j0:j1]
     for r in range(first, last):
         lo = r * P + j0
         xs, gs = x[lo:lo + width], dy[lo:lo + width]
         ms, rs = residual_slice(mask, lo, lo + width), residual_slice(res, lo, lo + width)
-        out = dz[(r - first) * width:(r - first + 1) * width]
+        row = dz[(r - first) * width:(r - first + 1) * width]
         for j in range(width):  # load: no negative-index wrap-around (it kept LLVM scalar)
-            dz_store(act, ms, rs, xs, gs, out, j, load(tm, j), load(ta, j), load(tb, j))
+            dz_store(act, ms, rs, xs, gs, row, j, load(tm, j), load(ta, j), load(tb, j))
+        copy_into(residual_slice(out, lo, lo + width), row)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
-def row_sums(x, dy, P, rows_per_block, mu, part1, part2, act, mask, res, zm, za, zb, like):
+def row_sums(x, dy, P, rows_per_block, mu, part1, part2, act, mask, res, zm, za, zb, like,
+             out):
     """:func:`normkernels.kernels.backward_sums.row_sums` of dZ (its sums in its order:
     four rows a sweep, then the tail), each sweep's dZ made first into a buffer (in L1
     for rows of up to 2048 columns). ``zm, za, zb``: Z's coefficients per column."""
@@ -373,7 +385,7 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2, act, mask, res, zm, za,
         s2 = np.zeros(width)
         r = first
         while r + ROW_UNROLL <= last:
-            _dz_rows(x, dy, mask, res, dz, r, r + ROW_UNROLL, j0, j1, P, zm, za, zb, act)
+            _dz_rows(x, dy, mask, res, dz, r, r + ROW_UNROLL, j0, j1, P, zm, za, zb, act, out)
             x0, x1 = x[r * P + j0:r * P + j1], x[(r + 1) * P + j0:(r + 1) * P + j1]
             x2, x3 = x[(r + 2) * P + j0:(r + 2) * P + j1], x[(r + 3) * P + j0:(r + 3) * P + j1]
             for j in range(width):
@@ -386,7 +398,7 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2, act, mask, res, zm, za,
                           + (a2 * deviation(x2, j, m[j]) + a3 * deviation(x3, j, m[j])))
             r += ROW_UNROLL
         for tail in range(r, last):
-            _dz_rows(x, dy, mask, res, dz, tail, tail + 1, j0, j1, P, zm, za, zb, act)
+            _dz_rows(x, dy, mask, res, dz, tail, tail + 1, j0, j1, P, zm, za, zb, act, out)
             xr = x[tail * P + j0:tail * P + j1]
             for j in range(width):
                 g = np.float64(load(dz, j))
@@ -407,7 +419,7 @@ def apply_rows(x, dy, dx, dres, P, rows_per_block, m, a, b, k, act, mask, res, z
         dz = np.empty(P, like.dtype)
         for r in range(first, min(n_rows, first + rows_per_block)):
             lo = r * P
-            _dz_rows(x, dy, mask, res, dz, r, r + 1, 0, P, P, zm, za, zb, act)
+            _dz_rows(x, dy, mask, res, dz, r, r + 1, 0, P, P, zm, za, zb, act, None)
             copy_into(residual_slice(dres, lo, lo + P), dz)
             _apply_row(x[lo:lo + P], dz, dx[lo:lo + P], m, a, b, k)
 

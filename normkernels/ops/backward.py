@@ -172,9 +172,7 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     x, dy, order, S = _same_layout(X, dY, data_format)
     mean64 = params["mean"].astype(np.float64)
     dres = None
-    if ep is None:
-        sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
-    else:
+    if ep is not None:
         act, Y, B, res = ep
 
         def coefficients():
@@ -188,12 +186,16 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
 
         ep = _epilogue.prepare(act, Y, res, order, coefficients)
         dres = _epilogue.residual_target(res, x)
-        sum_dy, sum_dyx = engine.epilogue_grad_sums(x, dy, C, S, mean64, ep, path)
+    dx = _target(x, dy, out, order, X, dY)
+    dz = None if ep is None or not training else _epilogue.kept(ep, x, dx, dres)
+    if ep is None:
+        sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
+    else:
+        sum_dy, sum_dyx = engine.epilogue_grad_sums(x, dy, C, S, mean64, ep, path, out=dz)
     coefficients, dscale, dB = fold(params["scale"].astype(np.float64), mean64, r, sum_dy,
                                     sum_dyx, X.size // C, bool(training), X.dtype)
-    dx = _target(x, dy, out, order, X, dY)
-    if training and ep is None:
-        engine.grad_apply(x, dy, dx, C, S, *coefficients, path)
+    if training and (ep is None or dz is not None):  # dY, or the dZ the reduction wrote
+        engine.grad_apply(x, dy if dz is None else dz, dx, C, S, *coefficients, path)
     elif training:
         engine.epilogue_grad_apply(x, dy, dx, dres, C, S, *coefficients, ep, path)
     elif ep is None:  # dX = dY * scale * r does not read X: a NaN or inf in X stays out of dX
@@ -297,8 +299,9 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
                 m, a, b = _epilogue.z_coefficients(gamma, bias, np.repeat(gmean, Cg),
                                                    np.repeat(r, Cg), X.dtype)
                 epv = epv._replace(m=m, a=a, b=b)
+            dz = _epilogue.kept(epv, xv, dxv, dresv)
             sum_dy, sum_dyx = engine.epilogue_grad_sums(xv, dyv, planes, per,
-                                                        np.repeat(gmean, Cg), epv, path)
+                                                        np.repeat(gmean, Cg), epv, path, out=dz)
         elif given is not None:
             sum_dy, sum_dyx = engine.channel_grad_sums(xv, dyv, planes, per,
                                                        np.repeat(gmean, Cg), path)
@@ -310,8 +313,9 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
         else:
             dscale += terms.reshape(-1, C).sum(axis=0)
             dB += sum_dy.reshape(-1, C).sum(axis=0)
-        if epv is None:
-            engine.grad_apply(xv, dyv, dxv, planes, per, *coefficients, path)
+        if epv is None or dz is not None:  # dY, or the dZ the reduction wrote
+            engine.grad_apply(xv, dyv if epv is None else dz, dxv, planes, per, *coefficients,
+                              path)
         else:
             engine.epilogue_grad_apply(xv, dyv, dxv, dresv, planes, per, *coefficients, epv,
                                        path)

@@ -98,6 +98,23 @@ def residual_target(res, x):
     return None if res is None else np.empty_like(x)
 
 
+def kept(ep, x, dx, dres):
+    """Where the backward's reduction also writes dZ, for a plain dX pass to read, or
+    None (the dX pass makes dZ again). dZ must be exact in X's dtype (ReLU, a residual
+    alone, or 32/64-bit X). With a residual it goes to dR, which is written anyway (7
+    passes over memory where making dZ again reads the residual twice: 8); for a smooth
+    activation to dX, which the dX pass then overwrites (6 passes against 5, but the
+    derivative, an exponential and a division a lane, is computed once). Not into dX
+    when dX is X's memory (the reduction still reads X)."""
+    if not (ep.mask is not None or ep.act in (None, "relu") or x.dtype.itemsize >= 4):
+        return None
+    if dres is not None:
+        return dres
+    if ep.mask is None and ep.act not in (None, "relu") and not np.may_share_memory(dx, x):
+        return dx
+    return None
+
+
 def residual_result(dres, order):
     """``(dR,)`` in X's memory order, or ``()`` without a residual."""
     return () if dres is None else (dres.transpose(np.argsort(order)),)
