@@ -51,6 +51,7 @@ from oracle import (
 from normkernels import reference
 from normkernels.engine import (
     PATHS,
+    Engine,
     numba_gated,
     numba_gradients,
     numba_launch,
@@ -60,7 +61,14 @@ from normkernels.engine import (
 )
 from normkernels.engine import numba_engine as engine_module
 from normkernels.engine.numba_engine import ENGINE
-from normkernels.kernels import activation_grad, backward_dx, backward_sums, fused_add, quantize
+from normkernels.kernels import (
+    activation_grad,
+    backward_dx,
+    backward_sums,
+    epilogue_grad,
+    fused_add,
+    quantize,
+)
 from normkernels.kernels import gated as gated_kernels
 from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
@@ -99,7 +107,8 @@ KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels
                   "backward_sums": backward_sums, "backward_dx": backward_dx,
                   "fused_add": fused_add, "gated_kernels": gated_kernels,
                   "qk_kernels": qk_kernels, "quantize": quantize,
-                  "activation_grad": activation_grad, "skip_kernels": skip_kernels}
+                  "activation_grad": activation_grad, "skip_kernels": skip_kernels,
+                  "epilogue_grad": epilogue_grad}
 
 
 @dataclass(frozen=True)
@@ -363,19 +372,31 @@ CASES.update({
 # residual (the gradient dS of S given): test_epilogue_backward's oracle for the first
 # two, a float64 one here for AdaLN (its test there needs torch). None has a streaming
 # loop. 3 samples: AdaLN's work items are samples, the last one alone on 2 threads.
+# the epilogues' backward: the fused passes (training: dZ made inside the reduction and
+# dX pass; the smooth activation's dZ kept in dX by the reduction, on 32 and 64 bits, so
+# only its reduction is named), the elementwise gradients (eval: dZ made, then scaled)
 EPILOGUE_SHAPES = {"act-grad": (3, 4, 9, 11), "relu-grad": (3, 4, 9, 11),
-                   "ada-grad": (3, 7, 40)}
-EPILOGUE_ROUTES = {"act-grad": "activation_grad", "relu-grad": "relu_mask",
-                   "ada-grad": "gated_backward"}
+                   "relu-planes-grad": (2, 3, 17, 19), "act-eval": (3, 4, 9, 11),
+                   "relu-eval": (3, 4, 9, 11), "ada-grad": (3, 7, 40)}
+
+
+def epilogue_routes(op, path):
+    one = "serial" if path == "serial" else "parallel"
+    return {"act-grad": [f"epilogue_sums/rows/{one}"],
+            "relu-grad": [f"epilogue_sums/rows/{one}", f"epilogue_apply/rows/{one}"],
+            "relu-planes-grad": [f"epilogue_sums/planes/{one}",
+                                 f"epilogue_apply/planes/{path}"],
+            "act-eval": [f"activation_grad/{one}"], "relu-eval": [f"relu_mask/{one}"],
+            "ada-grad": [f"gated_backward/{one}"]}[op]
+
+
 EPILOGUE_OPS = tuple(EPILOGUE_SHAPES)
 EPILOGUE_EPS = epilogue_tests.EPS  # the epsilon of its oracle's bound of Z
 CASES.update({
-    **{f"{op}-{p}": case(op, EPILOGUE_SHAPES[op], "NCX",
-                         [f"{EPILOGUE_ROUTES[op]}/{'serial' if p == 'serial' else 'parallel'}"],
-                         path=p)
+    **{f"{op}-{p}": case(op, EPILOGUE_SHAPES[op], "NCX", epilogue_routes(op, p), path=p)
        for op in EPILOGUE_OPS for p in PATHS},
     **{f"{op}-forked": case(op, EPILOGUE_SHAPES[op], "NCX",
-                            ["one-thread", f"{EPILOGUE_ROUTES[op]}/serial"], path="parallel",
+                            ["one-thread", *epilogue_routes(op, "serial")], path="parallel",
                             forked=True)
        for op in EPILOGUE_OPS},
 })
@@ -495,7 +516,8 @@ def run_epilogue(case, X, params, dtype, engine):
     p = [params[0].astype(dtype), params[1].astype(dtype), *grad_statistics(X, case.data_format)]
     return backward_spec.batch_normalization_backward(
         X[::-1].copy(), X, p[0], p[2], p[3], epsilon=EPILOGUE_EPS, data_format=case.data_format,
-        activation="silu" if case.op == "act-grad" else "relu", B=p[1], **kw), p
+        activation="silu" if case.op.startswith("act") else "relu", B=p[1],
+        training=not case.op.endswith("eval"), **kw), p
 
 
 def check_epilogue_with_oracle(case, X, params, result):
@@ -508,9 +530,10 @@ def check_epilogue_with_oracle(case, X, params, result):
         scale, B, mean, var = params
         fmt = case.data_format
         want = epilogue_tests.expected(
-            "silu" if case.op == "act-grad" else "relu", X[::-1], X, scale, B, None, mean,
+            "silu" if case.op.startswith("act") else "relu", X[::-1], X, scale, B, None, mean,
             1 / np.sqrt(var + EPILOGUE_EPS),
-            epilogue_tests.z_bound(X, scale, B, None, mean, var, fmt), fmt, None)
+            epilogue_tests.z_bound(X, scale, B, None, mean, var, fmt), fmt, None,
+            training=not case.op.endswith("eval"))
         epilogue_tests.check(result, want, case.op, X.dtype)
         return
     shift, scale, R, gate, dS = params
@@ -918,7 +941,7 @@ def test_route_special_values(rng, monkeypatch, routes_taken, name, dtype):
     if case.op == "gated-grad":  # a non-finite x or dY spoils its (row, group) only
         check_gated_grad_confinement(X, llm_args(case, X)[0], result)
         return
-    if case.op in ("grad", "act-grad", "relu-grad"):
+    if case.op in ("grad", "act-grad", "relu-grad", "relu-planes-grad", "act-eval", "relu-eval"):
         # a non-finite X or dY makes its channel's dX all NaN or inf
         check_grad_confinement(X, case.data_format, result[0])
         return
@@ -1038,6 +1061,11 @@ class KernelStatisticsTwin:
     def channel_grad_sums(self, x, dy, C, S, mean, path=None):
         return ENGINE.channel_grad_sums(x, dy, C, S, mean, path)
 
+    # the epilogues' backward: the composition (dZ made, then the twin's passes on it)
+    epilogue_dz = Engine.epilogue_dz
+    epilogue_grad_sums = Engine.epilogue_grad_sums
+    epilogue_grad_apply = Engine.epilogue_grad_apply
+
     def group_grad_sums(self, x, dy, planes, S, group, path=None):
         return ENGINE.group_grad_sums(x, dy, planes, S, group, path)
 
@@ -1106,7 +1134,7 @@ def test_route_matches_twin(rng, monkeypatch, name, dtype):
             assert_identical(np.asarray(got), np.asarray(want))
     # the twin's own float64 sums (the activation's derivative: with NumPy's exp): the
     # oracle's bound
-    if case.op in ("moments", "rows-grad", "act-grad"):
+    if case.op in ("moments", "rows-grad", "act-grad", "act-eval"):
         check_with_oracle(case, X, params, run(case, X, params, dtype, reference.ENGINE)[0])
         return
     if case.op == "lp":
