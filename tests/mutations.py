@@ -114,6 +114,8 @@ ACT_GRAD_K = "normkernels/kernels/activation_grad.py"
 GRADIENTS = "normkernels/engine/numba_gradients.py"
 EPI_BWD_SPEC = "normkernels/ops/epilogue_backward.py"
 EPI_BWD = ["tests/test_epilogue_backward.py"]
+EPI_GRAD_K = "normkernels/kernels/epilogue_grad.py"
+FUSED_BWD = ["tests/test_epilogue_backward.py", "-k", "fused_passes"]
 TABLE_THREADS = ["tests/test_table.py", "-k", "threads and backward"]
 LANES = "normkernels/kernels/lanes.py"
 INLINING = "normkernels/kernels/inlining.py"
@@ -246,8 +248,9 @@ MUTATIONS = [
              ["tests/test_plan_safety.py"]),
     mutation("bn-backward-eval-reads-x", "eval-mode BN backward computes dX through "
              "(x - mean) * 0 (NaN where X is NaN)", [
-                 ("normkernels/ops/backward.py", "    if training:\n        engine.grad_apply",
-                  "    if True:\n        engine.grad_apply")],
+                 ("normkernels/ops/backward.py",
+                  "    if training and (ep is None or dz is not None):",
+                  "    if ep is None or dz is not None:")],
              ["tests/test_backward.py", "-k", "eval_mode"]),
     mutation("torch-bn-running-biased", "normkernels.torch updates the running variance "
              "with the biased batch variance", [
@@ -872,8 +875,8 @@ MUTATIONS = [
                                       "    if True:\n        r = 1.0 / np.sqrt")], BACKWARD),
     mutation("given-group-stats-ignored/backward", "the group backward recomputes the "
              "statistics although the caller gave them", [
-                 (BWD_SPEC, "        if given is None:  # one reduction gives",
-                  "        if True:  # one reduction gives")], BACKWARD),
+                 (BWD_SPEC, "        if given is not None:  # the caller's",
+                  "        if False:  # the caller's")], BACKWARD),
     mutation("chunk-shift-dropped/backward", "the fused group reduction adds each chunk's "
              "sums around the chunk's mean as if around the group's", [
                  (BWD_SUMS, "t2 += part2[k] - (mu - part_mean[k]) * part1[k]",
@@ -935,13 +938,49 @@ MUTATIONS = [
              [(ACT_GRAD_K, "            if load(y, i) > 0:", "            if load(y, i) >= 0:")],
              EPI_BWD),
     mutation("residual-gradient-is-dy/epilogue-backward", "diff_src_1 (the residual's "
-             "gradient) returned as dY, not dY * act'(Z)", [
-                 (EPI_BWD_SPEC, "return grads if res is None else (*grads, dZ)\n",
-                  "return grads if res is None else (*grads, dY)\n")], EPI_BWD),
-    mutation("residual-left-out-of-z/epilogue-backward", "Z recomputed without the "
-             "residual", [(EPI_BWD_SPEC, "        dz = kernel_order(pre_activation(_widened(Xl, "
-                           "cd), _widened(res, cd)))", "        dz = kernel_order(pre_activation("
-                           "_widened(Xl, cd), None))")], EPI_BWD),
+             "gradient), kept by the fused reduction, written as dY, not dY * act'(Z)", [
+                 (EPI_GRAD_K, "kept = dz if narrow is None else narrow(builder, dz, "
+                  "lanes.count)", 'kept = loaded("dy") if narrow is None else narrow(builder, '
+                  'loaded("dy"), lanes.count)')], EPI_BWD),
+    mutation("residual-left-out-of-z/epilogue-backward", "Z recomputed in the lanes without "
+             "the residual", [(EPI_GRAD_K, '    if has_res:\n        z = builder.fadd(z, '
+                               'loaded("res"))\n', "")], EPI_BWD),
+    mutation("mask-at-zero/fused-epilogue-backward", "the fused passes' ReLU mask from Y "
+             "passes dY where Y is 0", [
+                 (EPI_GRAD_K, 'builder.select(builder.fcmp_ordered(">", loaded("mask"), zero)',
+                  'builder.select(builder.fcmp_ordered(">=", loaded("mask"), zero)')],
+             FUSED_BWD),
+    mutation("tail-dropped/fused-epilogue-backward", "the fused reduction leaves out a "
+             "chunk's tail (the elements past its last whole lane vector)", [
+                 (EPI_GRAD_K, "    if body < n:\n        dz = np.empty", "    if False:\n"
+                  "        dz = np.empty")], FUSED_BWD),
+    mutation("last-chunk-dropped/fused-epilogue-backward", "the fused reduction's loop over "
+             "plane chunks leaves out the last", [
+                 (EPI_GRAD_K, "    for item in prange(part1.size):\n        p = item // "
+                  "chunks", "    for item in prange(part1.size - 1):\n        p = item // "
+                  "chunks")], FUSED_BWD),
+    mutation("rows-dz-not-kept/fused-epilogue-backward", "the fused rows reduction does not "
+             "write dZ where it keeps it (dR)", [
+                 (EPI_GRAD_K, "        copy_into(residual_slice(out, lo, lo + width), row)\n",
+                  "")], FUSED_BWD),
+    mutation("segment-channel/fused-epilogue-backward", "the fused dX pass takes a plane "
+             "segment's channel from the element index, not the plane's", [
+                 (EPI_GRAD_K, "        end = min(hi, (pos // S + 1) * S)\n        c = (pos // S) "
+                  "% C\n        _segment", "        end = min(hi, (pos // S + 1) * S)\n"
+                  "        c = pos % C\n        _segment")], FUSED_BWD),
+    mutation("vector-dr-dropped/fused-epilogue-backward", "the fused dX pass's vectors do "
+             "not write dR (16-bit X under a smooth activation)", [
+                 (EPI_GRAD_K, "                store_vector(context, builder, dres, args[6], i, "
+                  "dz, False)\n", "                pass\n")], FUSED_BWD),
+    mutation("epilogue-routes/fused-sums-path-ignored", "the fused reduction ignores path= "
+             "(forced parallel runs the serial kernel)", [
+                 (GRADIENTS, "        outs = None if out is None else storage_view(out.ravel())"
+                  "\n        total1, total2 = np.empty(C), np.empty(C)\n        path = "
+                  '"serial" if policy.resolve_path(xs, path) == "serial" else "parallel"',
+                  "        outs = None if out is None else storage_view(out.ravel())\n"
+                  "        total1, total2 = np.empty(C), np.empty(C)\n        path = "
+                  '"serial"')],
+             ["tests/test_paths.py", "-k", "relu-planes-grad and not serial"]),
     mutation("sample-gamma/ada-group-norm-backward", "channels-last samples all take sample "
              "0's 1 + scale", [(BWD_SPEC, "            gamma = gammas[i]",
                                 "            gamma = gammas[0]")], EPI_BWD),
@@ -1038,25 +1077,25 @@ MUTATIONS = [
     mutation("epilogue-routes/activation-grad-path-ignored", "the activation gradient "
              "ignores path= (forced parallel runs the serial kernel)", [
                  (GRADIENTS, "dys, path, z.reshape(-1)", "dys, None, z.reshape(-1)")],
-             ["tests/test_paths.py", "-k", "act-grad and not serial and oracle"]),
+             ["tests/test_paths.py", "-k", "act-eval and not serial and oracle"]),
     mutation("epilogue-routes/activation-grad-last-item-dropped", "the activation "
              "gradient's loop over items leaves out the last, short one (all of a call "
              "under 64K elements)", [
                  (ACT_GRAD_K, "    n = z.size\n    for item in prange((n + ITEM_ELEMENTS - 1) "
                   "// ITEM_ELEMENTS):", "    n = z.size\n    for item in prange(n // "
                   "ITEM_ELEMENTS):")],
-             ["tests/test_paths.py", "-k", "act-grad-serial and oracle"]),
+             ["tests/test_paths.py", "-k", "act-eval-serial and oracle"]),
     mutation("epilogue-routes/relu-mask-path-ignored", "ReLU's mask ignores path= (forced "
              "parallel runs the serial kernel)", [
                  (GRADIENTS, "dys,\n               path, ys, dys, dzs)",
                   "dys,\n               None, ys, dys, dzs)")],
-             ["tests/test_paths.py", "-k", "relu-grad and not serial and oracle"]),
+             ["tests/test_paths.py", "-k", "relu-eval and not serial and oracle"]),
     mutation("epilogue-routes/relu-mask-last-item-dropped", "ReLU's mask's loop over items "
              "leaves out the last, short one", [
                  (ACT_GRAD_K, "    n = y.size\n    for item in prange((n + ITEM_ELEMENTS - 1) "
                   "// ITEM_ELEMENTS):", "    n = y.size\n    for item in prange(n // "
                   "ITEM_ELEMENTS):")],
-             ["tests/test_paths.py", "-k", "relu-grad-serial and oracle"]),
+             ["tests/test_paths.py", "-k", "relu-eval-serial and oracle"]),
     mutation("epilogue-routes/gated-backward-path-ignored", "AdaLN's gated backward "
              "ignores path= (forced parallel runs the serial kernel)", [
                  (GRADIENTS, "xs, path, dln.reshape(-1)", "xs, None, dln.reshape(-1)")],
