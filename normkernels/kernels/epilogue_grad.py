@@ -1,22 +1,27 @@
 """The per-channel backward passes through an activation and residual epilogue, fused:
-``dZ = dY * act'(Z)`` (or ReLU's mask) is made block by block inside the reduction and
-the dX pass, never written to memory.
+``dZ = dY * act'(Z)`` (or ReLU's mask) is made inside the backward's reduction and dX
+pass, never written to memory unless the caller keeps it (``out``: dR, or dX to be
+overwritten by the plain dX pass; ``ops/epilogue_backward.kept``).
 
-The unfused composition (the base engine's, :meth:`normkernels.engine.Engine.
-epilogue_grad_sums`) writes Z, then dZ, and runs the plain backward on dZ: at
-(16, 64, 56, 56) BatchNorm + add + ReLU took 2.4x the plain backward, most of it the
-passes over Z and dZ. Here each work item computes its block's dZ into a buffer
-that stays in cache (a plane chunk, or a block of rows, 64K elements: 256 KB of
-float32 in a 1 MB L2) and hands the buffer to the plain loops' own helpers in place
-of dY, so the sums and dX are the composition's bits: X, dY (and Y or the residual)
-are read once a pass, as the plain backward reads X and dY.
+Layouts as the plain passes (:mod:`normkernels.kernels.backward_sums`,
+:mod:`normkernels.kernels.backward_dx`), and their bits: the sums are the same sums
+in the same order, dX the same expression, so the base engine's composition (dZ
+written, then the plain kernels) is their twin bit for bit.
 
-``dz_store`` is the element rule, and the composition's: ReLU's mask is ``Y > 0``
-(the forward's output) or ``Z > 0``, dY copied or +0 in X's dtype; a smooth
-activation's ``dY * act'(Z)`` is in the compute dtype (float32 buffers for 16-bit X,
-widened exactly by the loops). ``Z = (x - m) * a + b (+ res)`` per channel, computed as
-the forward's scale-shift loops compute it (:mod:`normkernels.kernels.scale_shift`).
-The residual's gradient ``dR = dZ`` is written by the dX pass from the same buffer.
+* **planes** (channels-first): dZ in the lanes of the loops (:func:`dz_lanes` in the
+  reduction, :func:`grad_lanes` in the dX pass): one pass over X, dY (and Y or R)
+  with the arithmetic in between its loads. A buffer of dZ handed to the plain loops
+  ran the memory-bound and the compute-bound halves one after the other (2.5-3x the
+  plain backward; ``docs/design.md``).
+* **rows** (channels-last, per-column tables): four rows' dZ at a time into a buffer
+  in L1, reduced in the plain kernel's order; the dX pass a row's at a time.
+
+:func:`dz_store` is the element rule (the heads, tails and rows): ReLU's mask is ``Y >
+0`` (the forward's output) or ``Z > 0``, dY selected or +0 in X's dtype; a smooth
+activation's ``dY * act'(Z)`` is in the compute dtype (float32 for 16-bit X).
+``Z = (x - m) * a + b (+ res)`` per channel, as the forward's scale-shift loops compute
+it (:mod:`normkernels.kernels.scale_shift`). The lanes do the same operations lane by
+lane: the same bits.
 """
 
 import numpy as np
