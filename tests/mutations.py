@@ -356,7 +356,7 @@ MUTATIONS = [
                   "def _channels_last_order(ndim):\n    return (0, *range(1, ndim))")], BN),
     mutation("mean-residual-not-folded", "a float64 mean rounded to float32 without "
              "folding the residual into B", [
-                 (TWIN, "if mean.dtype.itemsize <= cd.itemsize:", "if True:")], TRAINING),
+                 (COMMON, "if mean.dtype.itemsize <= cd.itemsize:", "if True:")], TRAINING),
     mutation("mean-residual-not-folded/instance", "instance norm's fold drops the residual "
              "of the rounded mean", [
                  (FOLD, "b[i] = B - (mean - np.float64(m[i])) * a64", "b[i] = B")], INSTANCE),
@@ -417,7 +417,8 @@ MUTATIONS = [
              ["tests/test_paths.py", "-k", "moments"]),
     mutation("twin-fold-epsilon", "the NumPy twin folds a = scale / sqrt(var), without "
              "epsilon", [
-                 (TWIN, "np.sqrt(var.astype(FLOAT64) + epsilon)", "np.sqrt(var.astype(FLOAT64))")],
+                 (COMMON, "np.sqrt(var.astype(FLOAT64) + epsilon)",
+                  "np.sqrt(var.astype(FLOAT64))")],
              ["tests/test_paths.py", "-k", "twin and bn"]),
     mutation("streaming-hint-dropped", "streaming kernels emit ordinary stores", [
         (VECTORS, '        store.set_metadata("nontemporal", hint)\n', "")],
@@ -1143,8 +1144,8 @@ MUTATIONS = [
     mutation("backward-sums/slice-assigned", "the row partials are stored by a slice "
              "assignment from an array again (compiles Numba's shape-error formatting: "
              "seconds of a first call)", [
-                 (BWD_SUMS, "m[j])\n        _put(part1, blk, j0, s1)\n"
-                  "        _put(part2, blk, j0, s2)\n",
+                 (BWD_SUMS, "m[j])\n        put_partials(part1, blk, j0, s1)\n"
+                  "        put_partials(part2, blk, j0, s2)\n",
                   "m[j])\n        part1[blk, j0:j1] = s1\n        part2[blk, j0:j1] = s2\n")],
              ["tests/test_compile_cost.py", "-k", "error_message"]),
     mutation("inliner/overloads-compiled", "an inline=\"always\" overload's implementation "

@@ -60,7 +60,7 @@ ROW_ITEM_ELEMENTS = 1 << 14  # row backward: elements per work item at least (ab
 # --- the dX pass ---
 
 @njit(**HELPER_OPTIONS)
-def _apply_run(x, dy, dx, m, a, b, k):
+def apply_run(x, dy, dx, m, a, b, k):
     """``dx = dy * a + (x - m) * b + k`` over three slices of one channel."""
     for i in range(x.size):
         store(dx, i, load(dy, i) * a + (load(x, i) - m) * b + k)
@@ -68,8 +68,8 @@ def _apply_run(x, dy, dx, m, a, b, k):
 
 @njit(**HELPER_OPTIONS)
 def _apply_segment(x, dy, dx, lo, hi, m, a, b, k):
-    """:func:`_apply_run` of elements ``lo..hi-1`` (ordinary stores)."""
-    _apply_run(x[lo:hi], dy[lo:hi], dx[lo:hi], m, a, b, k)
+    """:func:`apply_run` of elements ``lo..hi-1`` (ordinary stores)."""
+    apply_run(x[lo:hi], dy[lo:hi], dx[lo:hi], m, a, b, k)
 
 
 @njit(**INLINE_OPTIONS)
@@ -96,7 +96,7 @@ def apply_planes(x, dy, dx, C, S, m, a, b, k):
 
 
 @njit(**HELPER_OPTIONS)
-def _apply_row(x, dy, dx, m, a, b, k):
+def apply_row(x, dy, dx, m, a, b, k):
     """One row against per-column tables (vectorised across the columns)."""
     for j in range(x.size):
         store(dx, j, load(dy, j) * a[j] + (load(x, j) - m[j]) * b[j] + k[j])
@@ -111,20 +111,20 @@ def apply_rows(x, dy, dx, P, rows_per_block, m, a, b, k):
         first = blk * rows_per_block
         for r in range(first, min(n_rows, first + rows_per_block)):
             lo = r * P
-            _apply_row(x[lo:lo + P], dy[lo:lo + P], dx[lo:lo + P], m, a, b, k)
+            apply_row(x[lo:lo + P], dy[lo:lo + P], dx[lo:lo + P], m, a, b, k)
 
 
 @njit(**HELPER_OPTIONS)
 def _stream_run(x, dy, dx, lo, hi, m, a, b, k):
-    """:func:`_apply_run` of ``lo..hi-1`` with streaming stores: a scalar head up to
+    """:func:`apply_run` of ``lo..hi-1`` with streaming stores: a scalar head up to
     dx's 64-byte alignment, streaming vectors, a scalar tail."""
     width = VECTOR_BYTES // dx.itemsize
     head = min(hi - lo, elements_to_alignment(dx[lo:hi]))
     body_end = lo + head + (hi - lo - head) // width * width
-    _apply_run(x[lo:lo + head], dy[lo:lo + head], dx[lo:lo + head], m, a, b, k)
+    apply_run(x[lo:lo + head], dy[lo:lo + head], dx[lo:lo + head], m, a, b, k)
     for i in range(lo + head, body_end, width):
         stream_grad(x, dy, dx, i, m, a, b, k)
-    _apply_run(x[body_end:hi], dy[body_end:hi], dx[body_end:hi], m, a, b, k)
+    apply_run(x[body_end:hi], dy[body_end:hi], dx[body_end:hi], m, a, b, k)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)

@@ -174,7 +174,7 @@ GRAD_PREFETCH_BYTES = 8192  # row_sums: how far ahead it asks for rows of X and 
 
 
 @njit(**INLINE_OPTIONS)
-def _row_item(item, n_tiles, P, rows_per_block, n_rows):
+def row_item(item, n_tiles, P, rows_per_block, n_rows):
     """Work item ``item`` of the rows reductions, (row block, tile of COLUMN_TILE
     columns): ``(block, first column, end column, first row, end row)``."""
     blk = item // n_tiles
@@ -184,7 +184,7 @@ def _row_item(item, n_tiles, P, rows_per_block, n_rows):
 
 
 @njit(**INLINE_OPTIONS)
-def _put(part, blk, j0, values):
+def put_partials(part, blk, j0, values):
     """``part[blk, j0:j0 + values.size] = values``, element by element: a slice
     assignment from an array compiles Numba's shape-mismatch message (string
     formatting, 1.4 s of a first call)."""
@@ -202,7 +202,7 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
     n_rows = x.size // P
     n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
     for item in prange(part1.shape[0] * n_tiles):
-        blk, j0, j1, first, last = _row_item(item, n_tiles, P, rows_per_block, n_rows)
+        blk, j0, j1, first, last = row_item(item, n_tiles, P, rows_per_block, n_rows)
         width = j1 - j0
         m = mu[j0:j1].copy()
         s1 = np.zeros(width)
@@ -235,8 +235,8 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2):
                 a = np.float64(load(gr, j))
                 s1[j] += a
                 s2[j] += a * deviation(xr, j, m[j])
-        _put(part1, blk, j0, s1)
-        _put(part2, blk, j0, s2)
+        put_partials(part1, blk, j0, s1)
+        put_partials(part2, blk, j0, s2)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -248,7 +248,7 @@ def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
     n_rows = x.size // P
     n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
     for item in prange(part1.shape[0] * n_tiles):
-        blk, j0, j1, first, last = _row_item(item, n_tiles, P, rows_per_block, n_rows)
+        blk, j0, j1, first, last = row_item(item, n_tiles, P, rows_per_block, n_rows)
         width = j1 - j0
         shift = np.empty(width)
         for j in range(width):  # by 0 where infinite: x - inf would make a mean NaN
@@ -272,10 +272,10 @@ def row_moment_sums(x, dy, P, rows_per_block, part_mean, part_m2, part1, part2):
                 q[j] += d * d
                 s1[j] += a
                 s2[j] += a * d
-        _put(part_mean, blk, j0, m)
-        _put(part_m2, blk, j0, q)
-        _put(part1, blk, j0, s1)
-        _put(part2, blk, j0, s2)
+        put_partials(part_mean, blk, j0, m)
+        put_partials(part_m2, blk, j0, q)
+        put_partials(part1, blk, j0, s1)
+        put_partials(part2, blk, j0, s2)
 
 
 @njit(**KERNEL_OPTIONS)

@@ -32,17 +32,16 @@ from numba.core.extending import intrinsic, overload
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.activation_grad import build_derivative, derivative
 from normkernels.kernels.activations import ActivationType, residual_slice, with_residual
-from normkernels.kernels.backward_dx import APPLY_BLOCK, _apply_row, _apply_run
-from normkernels.kernels.backward_sums import _put, _row_item
+from normkernels.kernels.backward_dx import APPLY_BLOCK, apply_row, apply_run
+from normkernels.kernels.backward_sums import put_partials, row_item
 from normkernels.kernels.cache import serial_twin
 from normkernels.kernels.elements import load, store
 from normkernels.kernels.lanes import (
     Lanes,
-    _broadcast,
-    _load,
     deviations,
     lane_count,
     lane_sum,
+    load_storage,
     widened,
     zeros,
 )
@@ -54,7 +53,7 @@ from normkernels.kernels.options import (
 )
 from normkernels.kernels.scale_shift import elements_to_alignment
 from normkernels.kernels.statistics import COLUMN_TILE, PLANE_CHUNK, ROW_UNROLL, deviation
-from normkernels.kernels.vectors import storage_codec, store_fence, store_vector
+from normkernels.kernels.vectors import broadcast, storage_codec, store_fence, store_vector
 
 
 def dz_store(act, mask, res, x, dy, dz, i, m, a, b):
@@ -135,10 +134,10 @@ def _ir_loaders(context, builder, sig, args, positions, index, count):
     positions."""
     def loaded(name):
         k = positions[name]
-        return _load(context, builder, sig.args[k], args[k], index, count)
+        return load_storage(context, builder, sig.args[k], args[k], index, count)
 
     def scalar(name):
-        return _broadcast(builder, args[positions[name]], count)
+        return broadcast(builder, args[positions[name]], count)
 
     return loaded, scalar
 
@@ -178,7 +177,7 @@ def _grad_lanes_typer(streaming):
     def typer(typingctx, act, mask, res, x, dy, dx, dres, index, zm, za, zb, m, a, b, k):
         """One 64-byte vector of dX (and of dR, ``dres`` an array): dZ as
         :func:`dz_lanes` makes it, then ``dZ * a + (x - m) * b + k`` in the compute dtype
-        (the order of :func:`normkernels.kernels.backward_dx._apply_run`), rounded once;
+        (the order of :func:`normkernels.kernels.backward_dx.apply_run`), rounded once;
         ``streaming``: non-temporal stores at a 64-byte aligned ``dx[index]``."""
         if not (_epilogue_typed(act, mask, res, x, dy, index) and isinstance(dx, types.Array)
                 and x.dtype == dx.dtype and storage_codec(dx.dtype) is not None):
@@ -194,7 +193,7 @@ def _grad_lanes_typer(streaming):
             loaded, scalar = _ir_loaders(context, builder, sig, args, positions, i, count)
             dz = _dz_ir(builder, loaded, scalar, act.kind, not isinstance(mask, types.NoneType),
                         not isinstance(res, types.NoneType), count)
-            cm, ca, cb, ck = (_broadcast(builder, args[j], count) for j in (11, 12, 13, 14))
+            cm, ca, cb, ck = (broadcast(builder, args[j], count) for j in (11, 12, 13, 14))
             y = builder.fadd(builder.fadd(builder.fmul(dz, ca),
                                           builder.fmul(builder.fsub(loaded("x"), cm), cb)), ck)
             if narrow is not None:
@@ -301,7 +300,7 @@ def _scalar_part(x, dy, dx, dres, lo, hi, m, a, b, k, act, mask, res, zm, za, zb
         e = min(hi, s + dz.size)
         _dz_span(x, dy, mask, res, dz, s, e, 0, zm, za, zb, act)
         copy_into(residual_slice(dres, s, e), dz)
-        _apply_run(x[s:e], dz, dx[s:e], m, a, b, k)
+        apply_run(x[s:e], dz, dx[s:e], m, a, b, k)
 
 
 @njit(**INLINE_OPTIONS)
@@ -382,7 +381,7 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2, act, mask, res, zm, za,
     n_rows = x.size // P
     n_tiles = (P + COLUMN_TILE - 1) // COLUMN_TILE
     for item in prange(part1.shape[0] * n_tiles):
-        blk, j0, j1, first, last = _row_item(item, n_tiles, P, rows_per_block, n_rows)
+        blk, j0, j1, first, last = row_item(item, n_tiles, P, rows_per_block, n_rows)
         width = j1 - j0
         dz = np.empty(ROW_UNROLL * width, like.dtype)
         m = mu[j0:j1].copy()
@@ -409,8 +408,8 @@ def row_sums(x, dy, P, rows_per_block, mu, part1, part2, act, mask, res, zm, za,
                 g = np.float64(load(dz, j))
                 s1[j] += g
                 s2[j] += g * deviation(xr, j, m[j])
-        _put(part1, blk, j0, s1)
-        _put(part2, blk, j0, s2)
+        put_partials(part1, blk, j0, s1)
+        put_partials(part2, blk, j0, s2)
 
 
 @njit(parallel=True, **KERNEL_OPTIONS)
@@ -426,7 +425,7 @@ def apply_rows(x, dy, dx, dres, P, rows_per_block, m, a, b, k, act, mask, res, z
             lo = r * P
             _dz_rows(x, dy, mask, res, dz, r, r + 1, 0, P, P, zm, za, zb, act, None)
             copy_into(residual_slice(dres, lo, lo + P), dz)
-            _apply_row(x[lo:lo + P], dz, dx[lo:lo + P], m, a, b, k)
+            apply_row(x[lo:lo + P], dz, dx[lo:lo + P], m, a, b, k)
 
 
 plane_sums_serial = serial_twin(plane_sums, **KERNEL_OPTIONS)

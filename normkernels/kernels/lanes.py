@@ -85,8 +85,9 @@ def zeros(typingctx, like):
     return lanes(like), codegen
 
 
-def _load(context, builder, arrty, arr, index, count):
-    """``arr[index:index + count]`` widened to float32 (16-bit storage) or kept."""
+def load_storage(context, builder, arrty, arr, index, count):
+    """IR, for intrinsics built on the lanes: ``arr[index:index + count]`` widened to
+    float32 (16-bit storage) or kept."""
     _, elem, widen, _ = storage_codec(arrty.dtype)
     data = context.make_array(arrty)(context, builder, arr).data
     ptr = builder.bitcast(builder.gep(data, [index]), ir.VectorType(elem, count).as_pointer())
@@ -108,7 +109,7 @@ def _widened(context, builder, sig, args):
     """x[i:i+count] in the lanes' dtype (float32 -> float64 exact where asked)."""
     lanes = sig.return_type
     index = context.cast(builder, args[1], sig.args[1], types.intp)
-    value = _load(context, builder, sig.args[0], args[0], index, lanes.count)
+    value = load_storage(context, builder, sig.args[0], args[0], index, lanes.count)
     if lanes.dtype == types.float64 and value.type.element != _F64:
         value = builder.fpext(value, ir.VectorType(_F64, lanes.count))
     return value

@@ -177,9 +177,7 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
 
         def coefficients():
             if params.get("var") is not None:  # the forward's own folding
-                from normkernels.reference import fold_parameters
-
-                return fold_parameters(params["scale"], B, params["mean"], params["var"],
+                return common.fold_parameters(params["scale"], B, params["mean"], params["var"],
                                        epsilon, X.dtype)
             return _epilogue.z_coefficients(params["scale"].astype(np.float64), B, mean64, r,
                                             X.dtype)

@@ -19,6 +19,7 @@ from normkernels.dtypes import (
     FLOAT16,
     FLOAT32,
     FLOAT64,
+    compute_dtype,
 )
 
 DATA_FORMATS = ("NCX", "NXC")
@@ -355,6 +356,30 @@ def infer(X, scale, B, mean, var, epsilon, data_format, out, engine, path=None, 
         return engine.inference(x, y, C, S, scale, B, mean, var, epsilon, path, **extra)
 
     return map_layout(X, data_format, out, kernel, res)
+
+
+def fold_parameters(scale, B, mean, var, epsilon, dtype):
+    """Per-channel ``(m, a, b)`` in the compute dtype of ``dtype`` such that
+    ``(x - m) * a + b`` is ``(x - mean) * scale / sqrt(var + epsilon) + B``: the
+    rule the kernels follow (:func:`normkernels.kernels.inference.fold`; also
+    :func:`normkernels.reference.fold_parameters`).
+
+    ``a`` is computed in float64 from the exact float64 values of the parameters and
+    rounded once. When ``mean`` is wider than the compute dtype (a float64 mean with
+    float32 X; every batch mean in training), ``m`` is its rounding and the residual
+    ``(mean - m) * a`` is folded into ``b`` in float64: rounding the mean alone would
+    cost up to half an ulp of |mean| in every output (5e-4 at mean 1e4, std 1).
+    """
+    cd = compute_dtype(dtype)
+    with np.errstate(all="ignore"):  # IEEE results (inf, NaN), as the kernels give
+        a64 = scale.astype(FLOAT64) / np.sqrt(var.astype(FLOAT64) + epsilon)
+        a = a64.astype(cd)
+        m = mean.astype(cd, copy=False)
+        if mean.dtype.itemsize <= cd.itemsize:
+            return m, a, B.astype(cd, copy=False)
+        residual = np.where(np.isfinite(m), mean - m.astype(FLOAT64), 0.0)
+        b = (B.astype(FLOAT64) - residual * a64).astype(cd)
+    return m, a, b
 
 
 def epilogue(act, res):

@@ -46,6 +46,7 @@ from normkernels.ops import moments as _moments
 from normkernels.ops import onednn_training as _dnnl_train
 from normkernels.ops import rms_normalization as _rms
 from normkernels.ops import skip_layer_normalization as _skip
+from normkernels.ops.common import fold_parameters  # the kernels' folding rule, public here
 from normkernels.reference.fused import (
     EpilogueGradients,
     activation,
@@ -263,29 +264,6 @@ def _instance_parameters(x, scale, B, epsilon, mean, m2, count, engine, group=1)
     reps = mean.size * group // scale.size
     return fold_parameters(np.tile(scale, reps), np.tile(B, reps), np.repeat(mean, group),
                            np.repeat(m2, group) / (group * count), epsilon, x.dtype)
-
-
-def fold_parameters(scale, B, mean, var, epsilon, dtype):
-    """Per-channel ``(m, a, b)`` in the compute dtype of ``dtype`` such that
-    ``(x - m) * a + b`` is ``(x - mean) * scale / sqrt(var + epsilon) + B``: the
-    rule the kernels follow (:func:`normkernels.kernels.inference.fold`).
-
-    ``a`` is computed in float64 from the exact float64 values of the parameters and
-    rounded once. When ``mean`` is wider than the compute dtype (a float64 mean with
-    float32 X; every batch mean in training), ``m`` is its rounding and the residual
-    ``(mean - m) * a`` is folded into ``b`` in float64: rounding the mean alone would
-    cost up to half an ulp of |mean| in every output (5e-4 at mean 1e4, std 1).
-    """
-    cd = compute_dtype(dtype)
-    with np.errstate(all="ignore"):  # IEEE results (inf, NaN), as the kernels give
-        a64 = scale.astype(FLOAT64) / np.sqrt(var.astype(FLOAT64) + epsilon)
-        a = a64.astype(cd)
-        m = mean.astype(cd, copy=False)
-        if mean.dtype.itemsize <= cd.itemsize:
-            return m, a, B.astype(cd, copy=False)
-        residual = np.where(np.isfinite(m), mean - m.astype(FLOAT64), 0.0)
-        b = (B.astype(FLOAT64) - residual * a64).astype(cd)
-    return m, a, b
 
 
 def batch_normalization(X, scale, B, input_mean, input_var, **attributes):
