@@ -907,9 +907,11 @@ MUTATIONS = [
     mutation("scratch-shared/grad-sums", "the per-channel gradient sums (BN backward; "
              "instance and group backward of short planes) in one buffer per C, shared by "
              "concurrent calls", [
-                 (ENGINE, "        total1, total2 = np.empty(C), np.empty(C)\n",
-                  "        total1, total2 = self.__dict__.setdefault((\"grad_sums\", C), "
-                  "(np.empty(C), np.empty(C)))\n")], TABLE_THREADS),
+                 (GRADIENTS, "    total1, total2 = np.empty(C), np.empty(C)\n",
+                  "    total1, total2 = _SHARED.setdefault((route, C), "
+                  "(np.empty(C), np.empty(C)))\n"),
+                 (GRADIENTS, "\ndef grad_sums(", "\n_SHARED = {}\n\n\ndef grad_sums(")],
+             TABLE_THREADS),
     mutation("scratch-shared/group-grad-sums", "the fused instance and group backward "
              "reduction's partials in one set of buffers per shape, shared by concurrent "
              "calls", [
@@ -975,12 +977,12 @@ MUTATIONS = [
                   "dz, False)\n", "                pass\n")], FUSED_BWD),
     mutation("epilogue-routes/fused-sums-path-ignored", "the fused reduction ignores path= "
              "(forced parallel runs the serial kernel)", [
-                 (GRADIENTS, "        outs = None if out is None else storage_view(out.ravel())"
-                  "\n        total1, total2 = np.empty(C), np.empty(C)\n        path = "
-                  '"serial" if policy.resolve_path(xs, path) == "serial" else "parallel"',
-                  "        outs = None if out is None else storage_view(out.ravel())\n"
-                  "        total1, total2 = np.empty(C), np.empty(C)\n        path = "
-                  '"serial"')],
+                 (GRADIENTS, '    path = "serial" if policy.resolve_path(xs, path) == "serial" '
+                  'else "parallel"\n    with launch_guard(path):\n        if backward_sums.'
+                  'sums_by_planes(C, S):\n            took(route,',
+                  '    path = "serial" if route == "epilogue_sums" or policy.resolve_path('
+                  'xs, path) == "serial" else "parallel"\n    with launch_guard(path):\n'
+                  '        if backward_sums.sums_by_planes(C, S):\n            took(route,')],
              ["tests/test_paths.py", "-k", "relu-planes-grad and not serial"]),
     mutation("sample-gamma/ada-group-norm-backward", "channels-last samples all take sample "
              "0's 1 + scale", [(BWD_SPEC, "            gamma = gammas[i]",

@@ -22,7 +22,7 @@ from normkernels.engine import Engine, policy
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import BoundCalls
 from normkernels.engine.numba_gated import GatedLoops
-from normkernels.engine.numba_gradients import EpilogueGradientLoops
+from normkernels.engine.numba_gradients import EpilogueGradientLoops, grad_sums
 from normkernels.engine.numba_launch import (
     add_skip,
     column,
@@ -355,27 +355,7 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
 
     def channel_grad_sums(self, x, dy, C, S, mean, path=None):
         xs, dys = _views(x, dy)
-        total1, total2 = np.empty(C), np.empty(C)
-        path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
-        with launch_guard(path):
-            if backward_sums.sums_by_planes(C, S):
-                took("grad_sums", "planes", path)
-                chunks = -(-S // reductions.PLANE_CHUNK)
-                part1 = np.empty(xs.size // S * chunks)
-                part2 = np.empty_like(part1)
-                kernel_for(backward_sums.plane_sums, backward_sums.plane_sums_serial, path)(
-                    xs, dys, C, S, mean, part1, part2)
-                backward_sums.merge_plane_sums(part1, part2, C, S, total1, total2)
-            else:
-                took("grad_sums", "rows", path)
-                P = C * S
-                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
-                blocks = -(-(xs.size // P) // rows)
-                part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
-                kernel_for(backward_sums.row_sums, backward_sums.row_sums_serial, path)(
-                    xs, dys, P, rows, np.repeat(mean, S), part1, part2)
-                backward_sums.merge_row_sums(part1, part2, C, S, total1, total2)
-        return total1, total2
+        return grad_sums("grad_sums", backward_sums, xs, dys, C, S, mean, path)
 
     def group_grad_sums(self, x, dy, planes, S, group, path=None):
         n_rows = x.size // planes

@@ -81,29 +81,9 @@ class EpilogueGradientLoops:
     def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None, out=None):
         xs, dys = storage_view(x.ravel()), storage_view(dy.ravel())
         outs = None if out is None else storage_view(out.ravel())
-        total1, total2 = np.empty(C), np.empty(C)
-        path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
-        planes = backward_sums.sums_by_planes(C, S)
-        args = self._epilogue_args(x, xs, S, ep, rows=not planes)
-        with launch_guard(path):
-            if planes:
-                took("epilogue_sums", "planes", path)
-                chunks = -(-S // backward_sums.PLANE_CHUNK)
-                part1 = np.empty(xs.size // S * chunks)
-                part2 = np.empty_like(part1)
-                kernel_for(epilogue_grad.plane_sums, epilogue_grad.plane_sums_serial, path)(
-                    xs, dys, C, S, mean, part1, part2, *args, outs)
-                backward_sums.merge_plane_sums(part1, part2, C, S, total1, total2)
-            else:
-                took("epilogue_sums", "rows", path)
-                P = C * S
-                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
-                blocks = -(-(xs.size // P) // rows)
-                part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
-                kernel_for(epilogue_grad.row_sums, epilogue_grad.row_sums_serial, path)(
-                    xs, dys, P, rows, np.repeat(mean, S), part1, part2, *args, outs)
-                backward_sums.merge_row_sums(part1, part2, C, S, total1, total2)
-        return total1, total2
+        args = (*self._epilogue_args(x, xs, S, ep, rows=not backward_sums.sums_by_planes(C, S)),
+                outs)
+        return grad_sums("epilogue_sums", epilogue_grad, xs, dys, C, S, mean, path, args)
 
     def epilogue_grad_apply(self, x, dy, dx, dres, C, S, m, a, b, k, ep, path=None):
         xs, dys = storage_view(x.ravel()), storage_view(dy.ravel())
@@ -128,3 +108,30 @@ class EpilogueGradientLoops:
                 tables = [np.repeat(v, S) for v in (m, a, b, k)]
                 kernel_for(epilogue_grad.apply_rows, epilogue_grad.apply_rows_serial, path)(
                     xs, dys, dxs, drs, P, rows, *tables, *args)
+
+
+def grad_sums(route, kernels, xs, dys, C, S, mean, path, extra=()):
+    """Per-channel float64 ``(sum dy, sum dy * (x - mean[c]))`` by the reduction kernels
+    of module ``kernels`` (``plane_sums``, ``row_sums`` and their one-thread twins, each
+    taking ``extra`` after its partials), on the loop ``sums_by_planes`` picks; the
+    partials merged in a fixed order. Reports ``<route>/<planes|rows>/<path>``."""
+    total1, total2 = np.empty(C), np.empty(C)
+    path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
+    with launch_guard(path):
+        if backward_sums.sums_by_planes(C, S):
+            took(route, "planes", path)
+            part1 = np.empty(xs.size // S * -(-S // backward_sums.PLANE_CHUNK))
+            part2 = np.empty_like(part1)
+            kernel_for(kernels.plane_sums, kernels.plane_sums_serial, path)(
+                xs, dys, C, S, mean, part1, part2, *extra)
+            backward_sums.merge_plane_sums(part1, part2, C, S, total1, total2)
+        else:
+            took(route, "rows", path)
+            P = C * S
+            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
+            blocks = -(-(xs.size // P) // rows)
+            part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
+            kernel_for(kernels.row_sums, kernels.row_sums_serial, path)(
+                xs, dys, P, rows, np.repeat(mean, S), part1, part2, *extra)
+            backward_sums.merge_row_sums(part1, part2, C, S, total1, total2)
+    return total1, total2
