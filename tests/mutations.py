@@ -300,8 +300,8 @@ MUTATIONS = [
     mutation("grad-sums-short-planes-by-rows", "BN backward reduces short planes of many "
              "channels by rows (a float64 partial per element)", [
                  ("normkernels/kernels/backward_sums.py",
-                  "return S >= GRAD_MIN_PLANE or C * S > ROW_BLOCK_ELEMENTS",
-                  "return S >= GRAD_MIN_PLANE")],
+                  "return by_planes(S, n_rows) or C * S > ROW_BLOCK_ELEMENTS",
+                  "return by_planes(S, n_rows)")],
              ["tests/test_backward.py", "-k", "every_route"]),
     mutation("plan-reuse-x-only", "a plan's bound call serves any call whose X is the "
              "bound X (another out or parameters)", [
@@ -858,7 +858,7 @@ MUTATIONS = [
              FOLD_BN),
     # backward passes
     mutation("projection-without-r/backward", "the x_hat projection of dX misses a factor r", [
-        (BWD_SPEC, "b = -a * r * dscale / count", "b = -a * dscale / count")], BACKWARD),
+        (BWD_DX, "bg = -rg * rg * rg * g2 / M[g]", "bg = -rg * rg * g2 / M[g]")], BACKWARD),
     mutation("mean-residual-dropped/backward", "dX rounds the float64 mean and drops its "
              "residual", [(BWD_SPEC, "        if cd != FLOAT64:  # the mean's residual",
                            "        if False:  # the mean's residual")], BACKWARD),
@@ -979,10 +979,11 @@ MUTATIONS = [
              "(forced parallel runs the serial kernel)", [
                  (GRADIENTS, '    path = "serial" if policy.resolve_path(xs, path) == "serial" '
                   'else "parallel"\n    with launch_guard(path):\n        if backward_sums.'
-                  'sums_by_planes(C, S):\n            took(route,',
+                  'sums_by_planes(C, S, xs.size // (C * S)):\n            took(route,',
                   '    path = "serial" if route == "epilogue_sums" or policy.resolve_path('
                   'xs, path) == "serial" else "parallel"\n    with launch_guard(path):\n'
-                  '        if backward_sums.sums_by_planes(C, S):\n            took(route,')],
+                  '        if backward_sums.sums_by_planes(C, S, xs.size // (C * S)):\n'
+                  '            took(route,')],
              ["tests/test_paths.py", "-k", "relu-planes-grad and not serial"]),
     mutation("sample-gamma/ada-group-norm-backward", "channels-last samples all take sample "
              "0's 1 + scale", [(BWD_SPEC, "            gamma = gammas[i]",

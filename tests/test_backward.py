@@ -198,8 +198,11 @@ ROUTE_CASES = [("grad_sums/planes", "grad_apply/planes", (2, 3, 17, 19), "NCX"),
                ("grad_sums/rows", "grad_apply/rows", (2, 3, 17, 19), "NXC"),
                ("grad_sums/rows", "grad_apply/rows", (3, 37, 5, 7), "NXC"),  # odd tables
                ("grad_sums/rows", "grad_apply/rows", (40, 3, 5, 5), "NCX"),
-               # short planes, rows longer than a block: reduced by planes
-               ("grad_sums/planes", "grad_apply/rows", (2, 300, 15, 15), "NCX")]
+               # short planes in few rows (by_planes)
+               ("grad_sums/planes", "grad_apply/planes", (1, 16, 8, 8), "NCX"),
+               ("grad_sums/planes", "grad_apply/planes", (2, 300, 15, 15), "NCX"),
+               # short planes in many rows longer than a block: reduced by planes
+               ("grad_sums/planes", "grad_apply/rows", (6, 7300, 3, 3), "NCX")]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
@@ -959,7 +962,7 @@ def test_onednn_training_ops_check_their_inputs(rng):
 def test_group_backward_fused_reduction_routes(rng, routes, instance, fmt):
     """Long planes (fused-planes) and channels-last samples (fused-rows): one reduction
     gives the statistics and the sums, the same bits on either path, and within the
-    oracle's bound; short planes take the two reductions."""
+    oracle's bound; short planes take the planes' one reduction too."""
     shape = (2, 4, 300, 301)  # 90300 elements a plane: two chunks, the last one short
     X = layout((rng.standard_normal(shape) * 3 + 50).astype(F32), fmt)
     dY = layout(rng.standard_normal(shape).astype(F32), fmt)
@@ -983,7 +986,9 @@ def test_group_backward_fused_reduction_routes(rng, routes, instance, fmt):
     exact, tol, exact_dscale, exact_dB = group_expected(dY, X, scale, G, fmt)
     assert_close(results[0][0], exact, tol, "dX")
     check_parameters(results[0][1], results[0][2], exact_dscale, exact_dB, dY)
-    routes.clear()
+    routes.clear()  # short planes: the same one reduction
     small = rng.standard_normal((2, 4, 5, 5)).astype(F32)
-    nk.group_normalization_backward(small, small, scale, num_groups=2)
-    assert any(r.startswith("moments/") for r in routes)
+    spec.group_normalization_backward(small, small, scale, num_groups=2, epsilon=EPS,
+                                      engine=ENGINE, path="serial")  # path=: no plan
+    assert "grad_sums/fused-planes/serial" in routes
+    assert not any(r.startswith("moments/") for r in routes)

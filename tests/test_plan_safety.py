@@ -28,7 +28,8 @@ HAS_PLANS = {("batchnorm", "inference"), ("batchnorm", "training"), ("batchnorm-
              ("skip-simplified-layernorm", "inference"), ("layernorm-onednn", "inference"),
              ("rmsnorm-onednn", "inference"), ("groupnorm", "inference"),
              ("fused-add-rmsnorm", "inference"), ("fused-add-layernorm", "inference"),
-             ("groupnorm-ort", "inference")}
+             ("groupnorm-ort", "inference"), ("batchnorm", "backward"),
+             ("instancenorm", "backward"), ("groupnorm", "backward")}
 
 
 @pytest.fixture(autouse=True)

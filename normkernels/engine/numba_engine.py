@@ -21,6 +21,7 @@ from normkernels.dtypes import (
 from normkernels.engine import Engine, policy
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import BoundCalls
+from normkernels.engine.numba_direct import DirectSteps
 from normkernels.engine.numba_gated import GatedLoops
 from normkernels.engine.numba_gradients import EpilogueGradientLoops, grad_sums
 from normkernels.engine.numba_launch import (
@@ -63,7 +64,8 @@ def _views(x, y):
     return storage_view(x.ravel()), storage_view(y.ravel())
 
 
-class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops, Engine):
+class NumbaEngine(BoundCalls, DirectSteps, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
+                  Engine):
     """:class:`normkernels.engine.Engine` on the Numba kernels."""
 
     name = "numba"
@@ -365,13 +367,12 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
             kernels = (backward_sums.row_moment_sums, backward_sums.row_moment_sums_serial,
                        backward_sums.merge_row_group_sums)
             args = (planes, rows)
-        elif S >= backward_sums.GRAD_MIN_PLANE:  # planes, in chunks
+        else:  # planes, in chunks; short planes too (one pass beat the two reductions
+            # of the base engine at every shape measured, 1.4-2.8x: docs/design.md)
             route, shape, sizes = "fused-planes", planes * -(-S // reductions.PLANE_CHUNK), (S,)
             kernels = (backward_sums.plane_moment_sums, backward_sums.plane_moment_sums_serial,
                        backward_sums.merge_group_sums)
             args = (S,)
-        else:  # short planes: two reductions
-            return super().group_grad_sums(x, dy, planes, S, group, path)
         xs, dys = _views(x, dy)
         parts = [np.empty(shape) for _ in range(4)]
         count, mean, m2 = (np.empty(planes // group) for _ in range(3))
@@ -388,7 +389,7 @@ class NumbaEngine(BoundCalls, EpilogueGradientLoops, GatedLoops, QuantizedLoops,
         dxs = storage_view(dx.ravel())
         path = policy.resolve_path(dxs, path, arrays=3)  # X and dY read, dX written
         with launch_guard(path):
-            if S >= backward_sums.GRAD_MIN_PLANE:
+            if backward_sums.by_planes(S, xs.size // (C * S)):
                 took("grad_apply", "planes", path)
                 kernel = (backward_dx.apply_planes_streaming if path == "streaming" else
                           kernel_for(backward_dx.apply_planes, backward_dx.apply_planes_serial,

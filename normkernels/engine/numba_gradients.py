@@ -81,8 +81,8 @@ class EpilogueGradientLoops:
     def epilogue_grad_sums(self, x, dy, C, S, mean, ep, path=None, out=None):
         xs, dys = storage_view(x.ravel()), storage_view(dy.ravel())
         outs = None if out is None else storage_view(out.ravel())
-        args = (*self._epilogue_args(x, xs, S, ep, rows=not backward_sums.sums_by_planes(C, S)),
-                outs)
+        rows = not backward_sums.sums_by_planes(C, S, xs.size // (C * S))
+        args = (*self._epilogue_args(x, xs, S, ep, rows=rows), outs)
         return grad_sums("epilogue_sums", epilogue_grad, xs, dys, C, S, mean, path, args)
 
     def epilogue_grad_apply(self, x, dy, dx, dres, C, S, m, a, b, k, ep, path=None):
@@ -118,7 +118,7 @@ def grad_sums(route, kernels, xs, dys, C, S, mean, path, extra=()):
     total1, total2 = np.empty(C), np.empty(C)
     path = "serial" if policy.resolve_path(xs, path) == "serial" else "parallel"
     with launch_guard(path):
-        if backward_sums.sums_by_planes(C, S):
+        if backward_sums.sums_by_planes(C, S, xs.size // (C * S)):
             took(route, "planes", path)
             part1 = np.empty(xs.size // S * -(-S // backward_sums.PLANE_CHUNK))
             part2 = np.empty_like(part1)

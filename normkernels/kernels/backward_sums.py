@@ -6,8 +6,9 @@ Layout contract as elsewhere: element ``i`` of the flat arrays belongs to channe
 ``(i // S) % C``. Two shapes of loop, chosen by ``S`` (``GRAD_MIN_PLANE``, which the
 dX pass follows too):
 
-* **planes** (``S >= GRAD_MIN_PLANE``: NCX; and short planes whose rows would be
-  longer than a block, :func:`sums_by_planes`): the work items are chunks of
+* **planes** (``S >= GRAD_MIN_PLANE``: NCX; short planes in few rows, and short
+  planes whose rows would be longer than a block, :func:`sums_by_planes`): the work
+  items are chunks of
   ``PLANE_CHUNK`` elements of one plane, each giving one partial pair.
 * **rows** (small ``S``: NXC, short planes of few channels): X is rows of ``P = C *
   S`` columns; each block of rows is reduced per column (vectorised across the
@@ -46,13 +47,22 @@ GRAD_MIN_PLANE = 256  # planes at least this long are reduced and written plane 
 ROW_BLOCK_ELEMENTS = 1 << 16  # elements per work item of the rows loops (about)
 
 
-def sums_by_planes(C, S):
-    """Whether the (X, dY) reduction goes plane by plane: long planes, or short planes
-    of so many channels that a row (``C * S``) exceeds a block. The rows loop keeps a
-    float64 partial per (block, column): at one row per block, for (32, 1024, 14, 14)
-    as many partials as elements, 103 MB written and read back across rows, 23 ms
-    where the planes loop takes 3."""
-    return S >= GRAD_MIN_PLANE or C * S > ROW_BLOCK_ELEMENTS
+def by_planes(S, n_rows):
+    """Whether a pass over (X, dY) of ``n_rows`` rows of planes of ``S`` goes plane by
+    plane: long planes, or short planes in few rows. The rows loop's partials and
+    their merge cost about 3 ns a column whatever the rows, which only many rows
+    repay (measured on float32 (N, C, S): at (1, 16, 64) the rows loop took 9 us, the
+    planes loop 2; at (32, 64, 49) 48 and 50; at (32, 32, 14) 9 and 25)."""
+    return S >= GRAD_MIN_PLANE or 2 * n_rows <= S
+
+
+def sums_by_planes(C, S, n_rows):
+    """Whether the (X, dY) reduction goes plane by plane: :func:`by_planes`, or short
+    planes of so many channels that a row (``C * S``) exceeds a block. The rows loop
+    keeps a float64 partial per (block, column): at one row per block, for (32, 1024,
+    14, 14) as many partials as elements, 103 MB written and read back across rows, 23
+    ms where the planes loop takes 3."""
+    return by_planes(S, n_rows) or C * S > ROW_BLOCK_ELEMENTS
 
 
 @njit(**HELPER_OPTIONS)

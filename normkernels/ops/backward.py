@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from normkernels.dtypes import FLOAT64, compute_dtype
-from normkernels.ops import common
+from normkernels.ops import common, plans, training_plans
 from normkernels.ops import epilogue_backward as _epilogue
 from normkernels.ops.common import ALL_FLOATS
 
@@ -110,19 +110,20 @@ def rounded(mean, a, b, k, dtype):
         return m, a.astype(cd), b.astype(cd), k.astype(cd)
 
 
-def fold(scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
+def fold(engine, scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
     """``(m, A, B, K)`` in the compute dtype of ``dtype``, and float64 ``(dscale, dB)``,
-    per group, from the float64 sums over ``count`` elements per group."""
+    per channel, from the float64 sums over ``count`` elements per channel: in training
+    the group backward's coefficients with a group per channel
+    (:meth:`normkernels.engine.Engine.group_coefficients`), in eval mode ``A = scale r``
+    alone."""
+    if training:
+        *coefficients, dscale = engine.group_coefficients(scale, mean, r, sum_dy, sum_dyx, 1,
+                                                          count, dtype)
+        return coefficients, dscale, sum_dy
     with np.errstate(all="ignore"):
-        dscale = r * sum_dyx
         a = scale * r
-        if training:
-            b = -a * r * dscale / count
-            k = -a * sum_dy / count
-        else:
-            b = np.zeros_like(a)
-            k = np.zeros_like(a)
-    return rounded(mean, a, b, k, dtype), dscale, sum_dy
+        zeros = np.zeros_like(a)
+        return rounded(mean, a, zeros, zeros, dtype), r * sum_dyx, sum_dy
 
 
 def _result(X, order, dx, out):
@@ -150,6 +151,16 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
                                  Y=None, B=None, add=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_normalization_backward` (with an epilogue:
     :mod:`normkernels.ops.epilogue_backward`)."""
+    key = None
+    if path is None and activation is None and Y is None and B is None and add is None:
+        key = training_plans.channel_key(BN, engine, epsilon, training, data_format, dY, X,
+                                         scale, mean, var, inv_std, out)
+        plan = plans.find(key)
+        if plan is not None:
+            grads = plan(dY, X, scale, mean, var, inv_std, out)
+            if grads is not None:
+                return grads
+    given = [a for a in (dY, X, scale, mean, var, inv_std) if a is not None]
     label = BN
     dY, X, params = _arrays(label, dY, X, {"scale": scale, "mean": mean, "var": var,
                                            "inv_std": inv_std})
@@ -190,8 +201,8 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
         sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
     else:
         sum_dy, sum_dyx = engine.epilogue_grad_sums(x, dy, C, S, mean64, ep, path, out=dz)
-    coefficients, dscale, dB = fold(params["scale"].astype(np.float64), mean64, r, sum_dy,
-                                    sum_dyx, X.size // C, bool(training), X.dtype)
+    coefficients, dscale, dB = fold(engine, params["scale"].astype(np.float64), mean64, r,
+                                    sum_dy, sum_dyx, X.size // C, bool(training), X.dtype)
     if training and (ep is None or dz is not None):  # dY, or the dZ the reduction wrote
         engine.grad_apply(x, dy if dz is None else dz, dx, C, S, *coefficients, path)
     elif training:
@@ -202,6 +213,10 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     else:
         _epilogue.scaled_grad(engine, x, dy, dx, dres, C, S, coefficients[1], ep, path)
     grads = _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+    if (key is not None and training is True and epsilon
+            and plans.plain(given, [dY, X, *params.values()])):
+        plans.add(key, training_plans.channel_backward(engine, epsilon, dY, X, params["scale"],
+                                                       data_format, out))
     return grads + _epilogue.residual_result(dres, order)
 
 
@@ -236,6 +251,17 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     (N, C) sums per sample."""
     from normkernels.ops.group_normalization import check_groups
 
+    key = None
+    if (path is None and not per_sample and mean is None and inv_std is None
+            and all(v is None for v in epilogue)):
+        key = training_plans.group_key(label, engine, num_groups, epsilon, data_format, dY, X,
+                                       scale, out)
+        plan = plans.find(key)
+        if plan is not None:
+            grads = plan(dY, X, scale, out)
+            if grads is not None:
+                return grads
+    supplied = (dY, X, scale)
     dY, X, params = _arrays(label, dY, X, {"scale": scale})
     common.check_data_format(label, data_format)
     least = 3 if num_groups is None else 2
@@ -321,6 +347,9 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
         return (_result(X, order, dx, out), np.concatenate([p[0] for p in partials]),
                 np.concatenate([p[1] for p in partials]))
     grads = _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
+    if key is not None and eps and plans.plain(supplied, (dY, X, params["scale"])):
+        plans.add(key, training_plans.group_backward(engine, eps, dY, X, params["scale"], Cg,
+                                                     data_format, out))
     return grads + _epilogue.residual_result(dres, order)
 
 

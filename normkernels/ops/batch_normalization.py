@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.ops import common, plans
+from normkernels.ops import common, plans, training_plans
 from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "BatchNormalization"
@@ -248,14 +248,17 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     Y = _run(call, X, arrays, data_format, out)
     if (key is not None and call.epsilon and call.momentum
             and plans.plain(given, (X, *arrays.values()))):
-        plans.add(key, _plan(call, X, data_format, out))
+        plans.add(key, _plan(call, X, arrays, data_format, out))
     return Y
 
 
-def _plan(call, X, data_format, out):
+def _plan(call, X, arrays, data_format, out):
     """The plan a call that passed the checks leaves for the next with its key."""
     if not call.training:
         return plans.inference(call.engine, call.epsilon, X, data_format, out)
+    plan = training_plans.batch_training(call, X, arrays, data_format, out, training_outputs)
+    if plan is not None:
+        return plan
 
     def training(X, scale, B, input_mean, input_var, out):
         arrays = {"scale": scale, "B": B, "input_mean": input_mean, "input_var": input_var}
@@ -319,20 +322,29 @@ def _training(call, X, arrays, data_format, out):
     if X.size == 0:
         raise ValueError(f"{call.label}: training mode on an empty X (shape {X.shape}): "
                          "batch statistics of zero elements are undefined")
-    engine, eps, momentum = call.engine, call.epsilon, call.momentum
+    engine = call.engine
     Xc, C, S = common.contiguous_layout(X, data_format)
     count, batch_mean, m2 = engine.channel_moments(Xc, C, S, call.path)
     batch_var = m2 / count  # population variance (divide by N)
-    Y = common.infer(X, arrays["scale"], arrays["B"], batch_mean, batch_var, eps, data_format,
-                     out, engine, call.path, call.act, call.res)
-    stats_dtype = arrays["input_mean"].dtype  # T2 (opset 15), U (14), T (1-9)
-    running_mean = engine.running(arrays["input_mean"], batch_mean, momentum, stats_dtype)
-    running_var = engine.running(arrays["input_var"], batch_var, momentum, stats_dtype)
+    Y = common.infer(X, arrays["scale"], arrays["B"], batch_mean, batch_var, call.epsilon,
+                     data_format, out, engine, call.path, call.act, call.res)
+    return training_outputs(call, Y, batch_mean, batch_var, arrays["input_mean"],
+                            arrays["input_var"])
+
+
+def training_outputs(call, Y, batch_mean, batch_var, input_mean, input_var):
+    """Training's outputs from Y and the float64 batch statistics: the running statistics
+    in the dtype of input_mean (T2 at opset 15, U at 14, T at 1-9), and at opsets 1-9
+    the saved ones, as many as the call returns."""
+    engine, momentum = call.engine, call.momentum
+    stats_dtype = input_mean.dtype
+    running_mean = engine.running(input_mean, batch_mean, momentum, stats_dtype)
+    running_var = engine.running(input_var, batch_var, momentum, stats_dtype)
     if call.version.outputs == RUNNING_OUTPUTS:
         return Y, running_mean, running_var
     # divide: saved_var="inv_std" of a zero var + epsilon is inf, as the formula gives
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         saved = (batch_var if call.saved_var == "variance"
-                 else 1.0 / np.sqrt(batch_var + eps)).astype(stats_dtype)
+                 else 1.0 / np.sqrt(batch_var + call.epsilon)).astype(stats_dtype)
     outputs = (Y, running_mean, running_var, batch_mean.astype(stats_dtype), saved)
     return outputs[0] if call.num_outputs == 1 else outputs[:call.num_outputs]

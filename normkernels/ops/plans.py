@@ -48,12 +48,24 @@ def get(key):
     return _plans.get(key)
 
 
+def find(key):
+    """:func:`get` for a key built by a function, which may hold an unhashable attribute
+    (no plan then)."""
+    try:
+        return _plans.get(key)
+    except TypeError:
+        return None
+
+
 def add(key, plan):
     if plan is None:
         return
     if len(_plans) >= LIMIT:
         clear()
-    _plans[key] = plan
+    try:
+        _plans[key] = plan
+    except TypeError:  # an unhashable attribute: no plan
+        pass
 
 
 def clear():
@@ -183,7 +195,7 @@ def out_key(out, X):
     return type(out), out.shape, out.strides, out.dtype
 
 
-def _output(plan, X, out, params=None):
+def output(plan, X, out, params=None):
     """``(y, x, y_c)``: Y (``out`` or a new array in X's memory order) and the
     C-contiguous views the engine runs over; None when ``out`` needs the full
     checks (read-only, or sharing memory with X or one of ``params``; None: the
@@ -210,15 +222,15 @@ def _shares(out, X, params):
     return any(np.may_share_memory(out, p) for p in params)
 
 
-def _layout(X, data_format, out):
+def layout(X, data_format, out):
     """``(order, S)`` for a plan: ``order`` None when X is C-contiguous; None when the
     call needs the full path (an empty X, a copy of X, or of Y into ``out``)."""
     if X.size == 0:
         return None
-    layout = common.physical_layout(X, data_format)
-    if layout is None:
+    found = common.physical_layout(X, data_format)
+    if found is None:
         return None
-    order, S = layout
+    order, S = found
     if out is not None and out is not X and not out.transpose(order).flags.c_contiguous:
         return None
     return (None if order == tuple(range(X.ndim)) else order), S
@@ -241,7 +253,7 @@ class Inference(NamedTuple):
         arrays = (X, scale, B, mean, var, out)
         if self.reuse.serve(arrays, out):
             return out
-        views = _output(self, X, out)
+        views = output(self, X, out)
         if views is None:
             return None
         y, x, yc = views
@@ -259,11 +271,11 @@ class Inference(NamedTuple):
 def inference(engine, epsilon, X, data_format, out):
     """The :class:`Inference` plan of a call that just passed the full checks, or None
     when its layout needs the full path."""
-    layout = _layout(X, data_format, out)
-    if layout is None:
+    found = layout(X, data_format, out)
+    if found is None:
         return None
-    return Inference(engine, epsilon, common.channel_count(X, data_format), layout[1],
-                     layout[0], X.shape, X.dtype, Reuse())
+    return Inference(engine, epsilon, common.channel_count(X, data_format), found[1],
+                     found[0], X.shape, X.dtype, Reuse())
 
 
 class Instance(NamedTuple):
@@ -287,7 +299,7 @@ class Instance(NamedTuple):
         arrays = (X, scale, B, out)
         if self.reuse.serve(arrays, out):
             return out
-        views = _output(self, X, out, (scale, B))
+        views = output(self, X, out, (scale, B))
         if views is None:
             return None
         y, x, yc = views
@@ -306,10 +318,10 @@ class Instance(NamedTuple):
 def instance(engine, epsilon, X, data_format, out, spatial, group=1, act=None):
     """The :class:`Instance` plan of a call that just passed the full checks (``group``
     channels per group: GroupNormalization; ``act`` its activation), or None."""
-    layout = _layout(X, data_format, out)
-    if layout is None:
+    found = layout(X, data_format, out)
+    if found is None:
         return None
-    order, S = layout
+    order, S = found
     return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
                     S != spatial, order, X.shape, X.dtype, Reuse(), group, act)
 

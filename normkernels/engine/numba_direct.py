@@ -1,0 +1,184 @@
+"""The Numba engine's direct steps (a mixin of
+:class:`normkernels.engine.numba_engine.NumbaEngine`): the pieces of a small training
+or backward call, prepared once for its sizes by a call plan
+(:mod:`normkernels.ops.training_plans`) and then run as the very serial kernels the
+engine's own methods launch at that size, in the same order, so a planned call gives
+the full path's bits. Each ``direct_*`` method returns None where it has no direct
+form (above the serial size, an empty tensor): the plan then runs the engine's
+methods.
+
+What a direct step saves is Python, not arithmetic: the engine methods resolve the
+path, pick the loop, report the route and size their partials on every call (a few
+microseconds each, most of a call on a few thousand elements); here all of that is
+decided once. Kernels whose arguments are arrays and numbers are called through their
+dispatchers (typing them costs about 0.1 us an array); a kernel that takes an
+activation marker or None is called through its compiled entry point (typing those
+costs 2 us), with arrays its caller guarantees aligned and writeable (storage views).
+"""
+
+import numpy as np
+
+from normkernels.dtypes import FLOAT64, compute_dtype
+from normkernels.engine import policy
+from normkernels.engine.lazy import lazy
+from normkernels.engine.numba_bind import entry_point
+from normkernels.kernels.activations import NONE
+
+# kernel modules: imported at first use (engine/lazy.py)
+backward_dx = lazy(__name__, "backward_dx")
+backward_sums = lazy(__name__, "backward_sums")
+inference = lazy(__name__, "inference")
+reductions = lazy(__name__, "reductions", "statistics")
+
+
+def _serial(size):
+    """Whether every step of a call over ``size`` elements runs serially in the
+    engine's own methods (the thresholds of ``policy.choose_path`` for each)."""
+    return 0 < size <= min(policy.SERIAL_MAX_ELEMENTS, policy.NORMALIZE_SERIAL_MAX_ELEMENTS)
+
+
+class DirectSteps:
+    def direct_moments(self, C, S, size):
+        """``run(xs) -> (count, mean, m2)``: :meth:`channel_moments` of ``size``
+        elements on the serial path."""
+        if not _serial(size):
+            return None
+        if C == 1:
+            S = size  # one channel: the whole tensor is one plane (as channel_moments)
+        n_rows = size // (C * S)
+        if policy.use_plane_moments(S, n_rows):
+            parts = size // S * -(-S // reductions.PLANE_CHUNK)
+            partials, merge = reductions.plane_partials_serial, reductions.merge_planes
+
+            def run(xs):
+                count, mean, m2 = np.zeros(C, np.int64), np.zeros(C), np.zeros(C)
+                part_mean, part_m2 = np.empty(parts), np.empty(parts)
+                partials(xs, S, part_mean, part_m2)
+                merge(part_mean, part_m2, C, S, count, mean, m2)
+                return count, mean, m2
+            return run
+        period = C * S
+        width = period * -(-policy.MIN_ROW_COLUMNS // period)
+        wide = size // width * width
+        # the two row_moments calls of channel_moments: whole wide rows, then the rest
+        steps = [(lo, hi, P, policy.rows_per_block(P, reductions.COLUMN_TILE))
+                 for lo, hi, P in ((0, wide, width), (wide, size, period)) if hi > lo]
+        partials, merge = reductions.row_partials_serial, reductions.merge_rows_serial
+
+        def run(xs):
+            count, mean, m2 = np.zeros(C, np.int64), np.zeros(C), np.zeros(C)
+            for lo, hi, P, rows in steps:
+                n_rows = (hi - lo) // P
+                blocks = -(-n_rows // rows)
+                part_mean, part_m2 = np.empty((blocks, P)), np.empty((blocks, P))
+                partials(xs[lo:hi], P, n_rows, rows, part_mean, part_m2)
+                merge(part_mean, part_m2, n_rows, rows, C, S, count, mean, m2)
+            return count, mean, m2
+        return run
+
+    def direct_normalize(self, C, S, xs, ys, scale, B):
+        """``run(xs, ys, scale, B, mean, var, epsilon)``: :meth:`inference` on the
+        serial path (no guard, no epilogue) over arrays of the types of the samples
+        (flat storage views, aligned and writeable; float64 mean and var)."""
+        size = xs.size
+        if not _serial(size):
+            return None
+        stats = np.empty(C)
+        period = policy.inference_period(C, S, xs.itemsize, size)
+        if period == 0:
+            run = entry_point(inference.normalize_planes_serial,
+                              (xs, ys, C, S, scale, B, stats, stats, 1.0, False, None, NONE))
+            return lambda xs, ys, scale, B, mean, var, eps: run(
+                xs, ys, C, S, scale, B, mean, var, eps, False, None, NONE)
+        run = entry_point(inference.normalize_periodic_serial,
+                          (xs, ys, C, S, scale, B, stats, stats, 1.0, period, False, None, NONE))
+        return lambda xs, ys, scale, B, mean, var, eps: run(
+            xs, ys, C, S, scale, B, mean, var, eps, period, False, None, NONE)
+
+    def direct_grad_sums(self, C, S, size):
+        """``run(xs, dys, mean) -> (sum_dy, sum_dyx)``: :meth:`channel_grad_sums` of
+        ``size`` elements on the serial path."""
+        if not _serial(size):
+            return None
+        if backward_sums.sums_by_planes(C, S, size // (C * S)):
+            parts = size // S * -(-S // backward_sums.PLANE_CHUNK)
+            kernel, merge = backward_sums.plane_sums_serial, backward_sums.merge_plane_sums
+
+            def run(xs, dys, mean):
+                total1, total2 = np.empty(C), np.empty(C)
+                part1, part2 = np.empty(parts), np.empty(parts)
+                kernel(xs, dys, C, S, mean, part1, part2)
+                merge(part1, part2, C, S, total1, total2)
+                return total1, total2
+            return run
+        P = C * S
+        rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
+        blocks = -(-(size // P) // rows)
+        kernel, merge = backward_sums.row_sums_serial, backward_sums.merge_row_sums
+
+        def run(xs, dys, mean):
+            total1, total2 = np.empty(C), np.empty(C)
+            part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
+            kernel(xs, dys, P, rows, np.repeat(mean, S), part1, part2)
+            merge(part1, part2, C, S, total1, total2)
+            return total1, total2
+        return run
+
+    def direct_group_sums(self, planes, S, group, size):
+        """``run(xs, dys) -> (count, mean, m2, sum_dy, sum_dyx)``: :meth:`group_grad_sums`
+        of ``size`` elements on the serial path: ``planes`` planes of ``S`` (channels-first
+        memory) or, with ``S`` 1, rows of ``planes`` columns (a channels-last sample)."""
+        if not _serial(size):
+            return None
+        n_rows = size // planes
+        groups = planes // group
+        if S == 1 and n_rows > 1:  # rows of the planes (columns)
+            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // planes)
+            shape, sizes, args = (-(-n_rows // rows), planes), (rows, n_rows), (planes, rows)
+            kernel = backward_sums.row_moment_sums_serial
+            merge = backward_sums.merge_row_group_sums
+        else:
+            shape, sizes, args = planes * -(-S // reductions.PLANE_CHUNK), (S,), (S,)
+            kernel = backward_sums.plane_moment_sums_serial
+            merge = backward_sums.merge_group_sums
+
+        def run(xs, dys):
+            part = [np.empty(shape) for _ in range(4)]
+            count, mean, m2 = np.empty(groups), np.empty(groups), np.empty(groups)
+            total1, total2 = np.empty(planes), np.empty(planes)
+            kernel(xs, dys, *args, *part)
+            merge(*part, *sizes, group, count, mean, m2, total1, total2)
+            return count, mean, m2, total1, total2
+        return run
+
+    def direct_grad_apply(self, C, S, size):
+        """``run(xs, dys, dxs, m, a, b, k)``: :meth:`grad_apply` of ``size`` elements
+        on the serial path."""
+        if not _serial(size):
+            return None
+        if backward_sums.by_planes(S, size // (C * S)):
+            kernel = backward_dx.apply_planes_serial
+            return lambda xs, dys, dxs, m, a, b, k: kernel(xs, dys, dxs, C, S, m, a, b, k)
+        P = C * S
+        rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
+        kernel = backward_dx.apply_rows_serial
+
+        def run(xs, dys, dxs, m, a, b, k):
+            kernel(xs, dys, dxs, P, rows, np.repeat(m, S), np.repeat(a, S), np.repeat(b, S),
+                   np.repeat(k, S))
+        return run
+
+    def direct_coefficients(self, planes, Cg, dtype):
+        """``run(gamma, gmean, r, sum_dy, sum_dyx, counts) -> (m, a, b, k, terms)``:
+        :meth:`group_coefficients` over C-contiguous writeable float64 vectors
+        (``counts``: the float64 element count of each group)."""
+        cd = compute_dtype(dtype)
+        residual = cd != FLOAT64
+        kernel = backward_dx.group_coefficients
+
+        def run(gamma, gmean, r, sum_dy, sum_dyx, counts):
+            m, a, b, k = (np.empty(planes, cd) for _ in range(4))
+            terms = np.empty(planes)
+            kernel(gamma, gmean, r, sum_dy, sum_dyx, Cg, counts, residual, m, a, b, k, terms)
+            return m, a, b, k, terms
+        return run

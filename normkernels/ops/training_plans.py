@@ -1,0 +1,242 @@
+"""Call plans of the training and backward calls (per-call latency of small tensors;
+the inference plans and what every plan must honour: :mod:`normkernels.ops.plans`).
+
+A training or backward call is several steps (statistics, a fold in float64, a pass
+writing Y or dX); at a few thousand elements each step's Python, not its arithmetic,
+was the call. A plan here holds the engine's direct steps for its sizes
+(``direct_*`` of :class:`normkernels.engine.numba_direct.DirectSteps`: the serial
+kernels of the engine's own methods at that size, so a planned call gives the full
+path's bits) and runs them in the order the full path does. The plan is made only
+where every step has a direct form (a serial size, an engine that has them); else the
+operator keeps its checked plan (:class:`normkernels.ops.plans.Checked`).
+
+A planned call checks again what its key does not prove: ``out`` writeable and apart
+from the inputs, and the arrays aligned (the kernels' entry points were compiled for
+aligned arrays; an unaligned one takes the full path).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from normkernels.dtypes import storage_view
+from normkernels.ops import common, plans
+
+
+def aligned(*arrays):
+    """Whether every array is aligned (what a compiled entry point assumes)."""
+    for a in arrays:
+        if not a.flags.aligned:
+            return False
+    return True
+
+
+class BatchTraining(NamedTuple):
+    """BatchNormalization in training mode of X with one memory layout: the batch
+    statistics, Y from them, then the running (and saved) statistics by ``finish``
+    (the operator's own :func:`normkernels.ops.batch_normalization.training_outputs`)."""
+
+    call: object
+    moments: object  # engine.direct_moments
+    normalize: object  # engine.direct_normalize
+    finish: object
+    order: tuple
+    shape: tuple
+    dtype: object
+
+    def __call__(self, X, scale, B, input_mean, input_var, out):
+        views = plans.output(self, X, out, (scale, B, input_mean, input_var))
+        if views is None:
+            return None
+        y, x, yc = views
+        xs, ys = storage_view(x.ravel()), storage_view(yc.ravel())
+        s, b = storage_view(scale), storage_view(B)
+        if not aligned(xs, ys, s, b):
+            return None
+        count, mean, m2 = self.moments(xs)
+        var = m2 / count  # population variance (divide by N)
+        self.normalize(xs, ys, s, b, mean, var, self.call.epsilon)
+        return self.finish(self.call, y, mean, var, input_mean, input_var)
+
+
+def batch_training(call, X, arrays, data_format, out, finish):
+    """The :class:`BatchTraining` plan of a training call that just passed the checks
+    (no epilogue, per-channel statistics), or None."""
+    engine = call.engine
+    found = plans.layout(X, data_format, out)
+    if (found is None or call.act is not None or call.res is not None
+            or not hasattr(engine, "direct_moments")):
+        return None
+    order, S = found
+    C = common.channel_count(X, data_format)
+    x = X if order is None else X.transpose(order)
+    xs = storage_view(np.ascontiguousarray(x).ravel())
+    moments = engine.direct_moments(C, S, xs.size)
+    normalize = engine.direct_normalize(C, S, xs, np.empty_like(xs),
+                                        storage_view(arrays["scale"]),
+                                        storage_view(arrays["B"]))
+    if moments is None or normalize is None:
+        return None
+    return BatchTraining(call, moments, normalize, finish, order, X.shape, X.dtype)
+
+
+def _target(X, out, order):
+    """``(dX, dx)``: the gradient's array (``out``, or new in X's memory order) and its
+    C-contiguous view in the kernels' order."""
+    dX = np.empty_like(X) if out is None else out
+    return dX, (dX if order is None else dX.transpose(order))
+
+
+def _kernel_views(a, order):
+    return storage_view((a if order is None else a.transpose(order)).ravel())
+
+
+def channel_key(label, engine, epsilon, training, data_format, dY, X, scale, mean, var,
+                inv_std, out):
+    """The plan key of a BatchNormalization backward call (None: not arrays; it may hold
+    an unhashable attribute, :func:`normkernels.ops.plans.find` finds no plan for it;
+    :mod:`normkernels.ops.plans` says what a key holds)."""
+    try:
+        key = (label, engine, epsilon, type(epsilon), training, type(training), data_format,
+               type(data_format), type(dY), dY.shape, dY.strides, dY.dtype,
+               type(X), X.shape, X.strides, X.dtype,
+               type(scale), scale.shape, scale.strides, scale.dtype,
+               type(mean), mean.shape, mean.strides, mean.dtype,
+               None if var is None else (type(var), var.shape, var.strides, var.dtype),
+               None if inv_std is None else (type(inv_std), inv_std.shape, inv_std.strides,
+                                             inv_std.dtype),
+               plans.out_key(out, X))
+    except AttributeError:  # not arrays
+        return None
+    return key
+
+
+def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, out):
+    """The plan key of an instance or group normalization backward call, or None."""
+    try:
+        key = (label, engine, num_groups, type(num_groups), epsilon, type(epsilon),
+               data_format, type(data_format), type(dY), dY.shape, dY.strides, dY.dtype,
+               type(X), X.shape, X.strides, X.dtype,
+               type(scale), scale.shape, scale.strides, scale.dtype, plans.out_key(out, X))
+    except AttributeError:  # not arrays
+        return None
+    return key
+
+
+class ChannelBackward(NamedTuple):
+    """BatchNormalization's training backward of X with one memory layout: the
+    per-channel sums, the coefficients, the dX pass (``sums``, ``coefficients``,
+    ``apply``: the engine's direct steps), dscale and dB in the parameters' dtype."""
+
+    epsilon: float
+    order: tuple
+    counts: object  # float64 elements per channel, one entry a channel
+    pdtype: object
+    sums: object
+    coefficients: object
+    apply: object
+
+    def __call__(self, dY, X, scale, mean, var, inv_std, out):
+        stats = var if inv_std is None else inv_std
+        if out is not None and (not out.flags.writeable
+                                or plans.shares(out, X, (dY, scale, mean, stats))):
+            return None
+        order = self.order
+        dX, dx = _target(X, out, order)
+        xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
+        if not aligned(xs, dys, dxs):
+            return None
+        C = self.counts.size  # the parameters as float64 vectors (their shape may be C x 1...)
+        mean64 = mean.astype(np.float64).reshape(C)
+        if inv_std is None:
+            with np.errstate(all="ignore"):
+                r = 1.0 / np.sqrt(var.astype(np.float64).reshape(C) + self.epsilon)
+        else:
+            r = inv_std.astype(np.float64).reshape(C)
+        sum_dy, sum_dyx = self.sums(xs, dys, mean64)
+        m, a, b, k, dscale = self.coefficients(scale.astype(np.float64).reshape(C), mean64, r,
+                                               sum_dy, sum_dyx, self.counts)
+        self.apply(xs, dys, dxs, m, a, b, k)
+        return dX, dscale.astype(self.pdtype), sum_dy.astype(self.pdtype)
+
+
+def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
+    """The :class:`ChannelBackward` plan of BatchNormalization's training backward that
+    just passed the checks, or None (another layout, no direct steps)."""
+    found = plans.layout(X, data_format, out)
+    if found is None or not hasattr(engine, "direct_grad_sums"):
+        return None
+    order, S = found
+    if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
+        return None
+    C = common.channel_count(X, data_format)
+    steps = (engine.direct_grad_sums(C, S, X.size), engine.direct_coefficients(C, 1, X.dtype),
+             engine.direct_grad_apply(C, S, X.size))
+    if None in steps:
+        return None
+    counts = np.full(C, float(X.size // C))
+    return ChannelBackward(float(epsilon), order, counts, scale.dtype, *steps)
+
+
+class GroupBackward(NamedTuple):
+    """The instance and group normalization backward of X with one memory layout, the
+    statistics recomputed: per view (the whole tensor in channels-first memory, each
+    sample in channels-last memory, as the full path runs them) the one reduction
+    (statistics and sums per plane), the coefficients, the dX pass; dscale and dB
+    added up over the views."""
+
+    epsilon: float
+    order: tuple
+    C: int
+    planes: int  # planes (or columns) of a view
+    samples: int  # views
+    pdtype: object
+    sums: object
+    coefficients: object
+    apply: object
+
+    def __call__(self, dY, X, scale, out):
+        if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, scale))):
+            return None
+        order, C = self.order, self.C
+        dX, dx = _target(X, out, order)
+        xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
+        if not aligned(xs, dys, dxs):
+            return None
+        gamma = np.tile(scale.astype(np.float64).reshape(C), self.planes // C)
+        dscale, dB = np.zeros(C), np.zeros(C)  # as the full path adds them up
+        size = xs.size // self.samples
+        for lo in range(0, xs.size, size):
+            xv, dyv, dxv = xs[lo:lo + size], dys[lo:lo + size], dxs[lo:lo + size]
+            count, gmean, gm2, sum_dy, sum_dyx = self.sums(xv, dyv)
+            with np.errstate(all="ignore"):
+                r = 1.0 / np.sqrt(gm2 / count + self.epsilon)
+            m, a, b, k, terms = self.coefficients(gamma, gmean, r, sum_dy, sum_dyx, count)
+            dscale += terms.reshape(-1, C).sum(axis=0)
+            dB += sum_dy.reshape(-1, C).sum(axis=0)
+            self.apply(xv, dyv, dxv, m, a, b, k)
+        return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
+
+
+def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
+    """The :class:`GroupBackward` plan of an instance or group normalization backward
+    (``group`` channels a group) that just passed the checks, or None (given statistics,
+    no direct steps)."""
+    found = plans.layout(X, data_format, out)
+    if found is None or not hasattr(engine, "direct_group_sums"):
+        return None
+    order, S = found
+    if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
+        return None
+    C, N = common.channel_count(X, data_format), X.shape[0]
+    if S * N * C == X.size:  # channels-first memory: one view of N * C planes
+        planes, samples = N * C, 1
+    else:  # channels-last memory: a view per sample, rows of C columns
+        planes, samples, S = C, N, 1
+    size = X.size // samples
+    steps = (engine.direct_group_sums(planes, S, group, size),
+             engine.direct_coefficients(planes, group, X.dtype),
+             engine.direct_grad_apply(planes, S, size))
+    if None in steps:
+        return None
+    return GroupBackward(float(epsilon), order, C, planes, samples, scale.dtype, *steps)
