@@ -29,7 +29,8 @@ HAS_PLANS = {("batchnorm", "inference"), ("batchnorm", "training"), ("batchnorm-
              ("rmsnorm-onednn", "inference"), ("groupnorm", "inference"),
              ("fused-add-rmsnorm", "inference"), ("fused-add-layernorm", "inference"),
              ("groupnorm-ort", "inference"), ("batchnorm", "backward"),
-             ("instancenorm", "backward"), ("groupnorm", "backward")}
+             ("instancenorm", "backward"), ("groupnorm", "backward"),
+             ("layernorm", "backward"), ("rmsnorm", "backward")}
 
 
 @pytest.fixture(autouse=True)

@@ -168,6 +168,24 @@ class DirectSteps:
                    np.repeat(k, S))
         return run
 
+    def direct_rows_backward(self, M, K, centered, epsilon):
+        """``run(xs, dys, dxs, gamma) -> (dgamma, dbeta)``: :meth:`rows_backward` of
+        ``M`` rows of ``K`` (flat storage views; float64 ``gamma`` of ``K``), the
+        statistics recomputed, on the serial path."""
+        if not _serial(M * K):
+            return None
+        # the work items of rows_backward (by the shape alone)
+        items = max(1, min(M, backward_dx.ROW_ITEMS, M * K // backward_dx.ROW_ITEM_ELEMENTS))
+        rows_per_item = -(-M // items)
+        items = -(-M // rows_per_item)
+        kernel, stats, eps = backward_dx.rows_backward_serial, np.empty((0, 2)), float(epsilon)
+
+        def run(xs, dys, dxs, gamma):
+            part_g, part_b = np.empty((items, K)), np.empty((items, K))
+            kernel(xs, dys, dxs, K, gamma, centered, eps, stats, rows_per_item, part_g, part_b)
+            return part_g.sum(axis=0), part_b.sum(axis=0)
+        return run
+
     def direct_coefficients(self, planes, Cg, dtype):
         """``run(gamma, gmean, r, sum_dy, sum_dyx, counts) -> (m, a, b, k, terms)``:
         :meth:`group_coefficients` over C-contiguous writeable float64 vectors

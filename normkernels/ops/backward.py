@@ -376,20 +376,19 @@ LN = "LayerNormalizationBackward"
 RMS = "RMSNormalizationBackward"
 
 
-def _sum_to(v, shape):
-    """``v`` (the normalized span's shape) summed down to ``shape`` (a unidirectional
-    broadcast source): the gradient of a broadcast parameter."""
-    lead = v.ndim - len(shape)
-    if lead:
-        v = v.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and v.shape[i] != 1)
-    return v.sum(axis=axes, keepdims=True) if axes else v.reshape(shape)
-
-
 def _rows_backward(label, dY, X, scale, axis, epsilon, mean, inv_std, centered, out, engine,
                    path):
     from normkernels.ops import rows
 
+    key = None
+    if path is None and mean is None and inv_std is None:
+        key = training_plans.rows_key(label, engine, axis, epsilon, dY, X, scale, out)
+        plan = plans.find(key)
+        if plan is not None:
+            grads = plan(dY, X, scale, out)
+            if grads is not None:
+                return grads
+    supplied = (dY, X, scale)
     dY, X, params = _arrays(label, dY, X, {"scale": scale})
     a = rows.normalized_axis(label, "axis", axis, X.ndim)
     eps = common.check_epsilon(label, epsilon)
@@ -418,8 +417,11 @@ def _rows_backward(label, dY, X, scale, axis, epsilon, mean, inv_std, centered, 
         if not np.shares_memory(dX, out):
             np.copyto(out, dX)
         dX = out
-    dscale = _sum_to(dgamma.reshape(span), pshape).astype(pdtype)
-    dB = _sum_to(dbeta.reshape(span), pshape).astype(pdtype)
+    dscale = rows.sum_to(dgamma.reshape(span), pshape).astype(pdtype)
+    dB = rows.sum_to(dbeta.reshape(span), pshape).astype(pdtype)
+    if key is not None and eps and plans.plain(supplied, (dY, X, params["scale"])):
+        plans.add(key, training_plans.rows_backward(engine, centered, eps, dY, X, params["scale"],
+                                                    M, K, span, out))
     return dX, dscale, dB
 
 

@@ -315,3 +315,13 @@ def plan(engine, epsilon, centered, X, a, params, out, finish, skip=None, roundi
         return None
     return Plan(engine, epsilon, centered, M, K, X.shape, X.dtype, finish, plans.Reuse(),
                 rounding, offset, act)
+
+
+def sum_to(v, shape):
+    """``v`` (the normalized span's shape) summed down to ``shape`` (a unidirectional
+    broadcast source): the gradient of a broadcast parameter."""
+    lead = v.ndim - len(shape)
+    if lead:
+        v = v.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and v.shape[i] != 1)
+    return v.sum(axis=axes, keepdims=True) if axes else v.reshape(shape)

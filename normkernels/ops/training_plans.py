@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from normkernels.dtypes import storage_view
-from normkernels.ops import common, plans
+from normkernels.ops import common, plans, rows
 
 
 def aligned(*arrays):
@@ -240,3 +240,61 @@ def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
     if None in steps:
         return None
     return GroupBackward(float(epsilon), order, C, planes, samples, scale.dtype, *steps)
+
+
+def rows_key(label, engine, axis, epsilon, dY, X, scale, out):
+    """The plan key of a LayerNormalization or RMSNormalization backward call, or None."""
+    try:
+        return (label, engine, axis, type(axis), epsilon, type(epsilon),
+                type(dY), dY.shape, dY.strides, dY.dtype, type(X), X.shape, X.strides, X.dtype,
+                type(scale), scale.shape, scale.strides, scale.dtype, plans.out_key(out, X))
+    except AttributeError:  # not arrays
+        return None
+
+
+class RowsBackward(NamedTuple):
+    """The LayerNormalization and RMSNormalization backward of C-contiguous X with the
+    statistics recomputed: the engine's direct ``rows_backward`` step, the parameter
+    gradients summed to the scale's shape (``sum_to``, unless it is the normalized
+    span's)."""
+
+    run: object  # engine.direct_rows_backward
+    K: int
+    span: tuple
+    pshape: tuple
+    pdtype: object
+    sum_to: object
+
+    def __call__(self, dY, X, scale, out):
+        if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, scale))):
+            return None
+        K, span = self.K, self.span
+        dX = np.empty_like(X) if out is None else out
+        xs, dys, dxs = storage_view(X.ravel()), storage_view(dY.ravel()), storage_view(dX.ravel())
+        if not aligned(xs, dys, dxs):
+            return None
+        if self.sum_to is None:  # the scale has the span's shape: its values in order
+            gamma = scale.astype(np.float64).reshape(K)
+        else:
+            gamma = np.ascontiguousarray(np.broadcast_to(scale.astype(np.float64), span)
+                                         ).reshape(K)
+        dgamma, dbeta = self.run(xs, dys, dxs, gamma)
+        if self.sum_to is None:
+            return dX, dgamma.reshape(self.pshape).astype(self.pdtype), dbeta.reshape(
+                self.pshape).astype(self.pdtype)
+        return (dX, self.sum_to(dgamma.reshape(span), self.pshape).astype(self.pdtype),
+                self.sum_to(dbeta.reshape(span), self.pshape).astype(self.pdtype))
+
+
+def rows_backward(engine, centered, epsilon, dY, X, scale, M, K, span, out):
+    """The :class:`RowsBackward` plan of a row normalization's backward that just passed
+    the checks, or None (X, dY or ``out`` not C-contiguous, no direct step)."""
+    if (not (X.flags.c_contiguous and dY.flags.c_contiguous
+             and (out is None or out.flags.c_contiguous))
+            or not hasattr(engine, "direct_rows_backward")):
+        return None
+    run = engine.direct_rows_backward(M, K, centered, epsilon)
+    if run is None:
+        return None
+    return RowsBackward(run, K, span, scale.shape, scale.dtype,
+                        None if scale.shape == tuple(span) else rows.sum_to)
