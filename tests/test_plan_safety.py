@@ -30,7 +30,9 @@ HAS_PLANS = {("batchnorm", "inference"), ("batchnorm", "training"), ("batchnorm-
              ("fused-add-rmsnorm", "inference"), ("fused-add-layernorm", "inference"),
              ("groupnorm-ort", "inference"), ("batchnorm", "backward"),
              ("instancenorm", "backward"), ("groupnorm", "backward"),
-             ("layernorm", "backward"), ("rmsnorm", "backward")}
+             ("layernorm", "backward"), ("rmsnorm", "backward"),
+             ("batchnorm-training-onednn", "training"), ("batchnorm-training-onednn", "backward"),
+             ("mvn", "inference"), ("lpnorm", "inference")}
 
 
 @pytest.fixture(autouse=True)

@@ -22,12 +22,14 @@ from normkernels.dtypes import FLOAT64, compute_dtype
 from normkernels.engine import policy
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import entry_point
+from normkernels.engine.numba_launch import parameter_tables
 from normkernels.kernels.activations import NONE
 
 # kernel modules: imported at first use (engine/lazy.py)
 backward_dx = lazy(__name__, "backward_dx")
 backward_sums = lazy(__name__, "backward_sums")
 inference = lazy(__name__, "inference")
+loops = lazy(__name__, "loops", "scale_shift")
 reductions = lazy(__name__, "reductions", "statistics")
 
 
@@ -94,6 +96,26 @@ class DirectSteps:
                           (xs, ys, C, S, scale, B, stats, stats, 1.0, period, False, None, NONE))
         return lambda xs, ys, scale, B, mean, var, eps: run(
             xs, ys, C, S, scale, B, mean, var, eps, period, False, None, NONE)
+
+    def direct_scale_shift(self, C, S, xs, ys, cd):
+        """``run(xs, ys, m, a, b)``: :meth:`scale_shift` on the serial path (no
+        epilogue) over flat storage views of the types of the samples (aligned and
+        writeable) with coefficients of the compute dtype ``cd``."""
+        if not _serial(xs.size):
+            return None
+        v = np.empty(C, cd)
+        if policy.use_planes(C, S, v.itemsize):
+            run = entry_point(loops.scale_shift_planes_serial,
+                              (xs, ys, C, S, v, v, v, None, NONE))
+            return lambda xs, ys, m, a, b: run(xs, ys, C, S, m, a, b, None, NONE)
+        period = policy.table_period(C, S)[0]
+        run = entry_point(loops.scale_shift_periodic_serial,
+                          (xs, ys, period, v, v, v, None, NONE))
+
+        def periodic(xs, ys, m, a, b):
+            _, mt, at, bt = parameter_tables(C, S, m, a, b)
+            run(xs, ys, period, mt, at, bt, None, NONE)
+        return periodic
 
     def direct_grad_sums(self, C, S, size):
         """``run(xs, dys, mean) -> (sum_dy, sum_dyx)``: :meth:`channel_grad_sums` of

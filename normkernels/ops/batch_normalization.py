@@ -256,9 +256,12 @@ def _plan(call, X, arrays, data_format, out):
     """The plan a call that passed the checks leaves for the next with its key."""
     if not call.training:
         return plans.inference(call.engine, call.epsilon, X, data_format, out)
-    plan = training_plans.batch_training(call, X, arrays, data_format, out, training_outputs)
-    if plan is not None:
-        return plan
+    if call.act is None and call.res is None:
+        plan = training_plans.batch_training(
+            call.engine, call.epsilon, X, arrays["scale"], arrays["B"], data_format, out,
+            lambda *outputs: training_outputs(call, *outputs))
+        if plan is not None:
+            return plan
 
     def training(X, scale, B, input_mean, input_var, out):
         arrays = {"scale": scale, "B": B, "input_mean": input_mean, "input_var": input_var}

@@ -22,10 +22,11 @@ Where normkernels decides what the spec leaves open or the reference gets wrong:
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.ops import common, rows
+from normkernels.ops import common, plans, rows
 from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "LpNormalization"
@@ -69,9 +70,44 @@ def out_overlaps(out, X):
             and np.shares_memory(out, X))
 
 
+class _Planned(NamedTuple):
+    """A call with C-contiguous X (and ``out``) of one shape, dtype, axis and p: the
+    engine's loop over ``(outer, K, inner)``; ``out`` checked again (writeable, X
+    itself or apart from it)."""
+
+    engine: object
+    outer: int
+    K: int
+    inner: int
+    p: int
+
+    def __call__(self, X, out):
+        if out is None:
+            Y = np.empty_like(X)
+        elif not out.flags.writeable or (out is not X and np.may_share_memory(out, X)):
+            return None
+        else:
+            Y = out
+        self.engine.lp_normalize(X, Y, self.outer, self.K, self.inner, self.p)
+        return Y
+
+
 def lp_normalization(input, *, axis=None, p=None, opset=22, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.lp_normalization`; ``engine.lp_normalize``
     runs the loops over X as ``(outer, K, inner)`` C-contiguous memory."""
+    key = None
+    if path is None:
+        try:  # an earlier call's plan (normkernels/ops/plans.py)
+            key = (OP, engine, axis, type(axis), p, type(p), opset, type(opset), type(input),
+                   input.shape, input.strides, input.dtype, plans.out_key(out, input))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not an array, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(input, out)
+            if Y is not None:
+                return Y
+    given = input
     version = version_for(opset)
     label = version.label(OP)
     attrs = common.resolve_attributes(label, version, {"axis": axis, "p": p})
@@ -101,6 +137,9 @@ def lp_normalization(input, *, axis=None, p=None, opset=22, out=None, engine, pa
     k = order.index(a)  # the normalized axis in memory order
     outer, K, inner = math.prod(x.shape[:k]), x.shape[k], math.prod(x.shape[k + 1:])
     engine.lp_normalize(x, y, outer, K, inner, order_p, path)
+    if key is not None and plans.plain((given,), (X,)) and X.flags.c_contiguous and (
+            out is None or (out.flags.c_contiguous and Y is out)):
+        plans.add(key, _Planned(engine, outer, K, inner, order_p))
     if out is not None and Y is not out:
         np.copyto(out, Y)
         return out

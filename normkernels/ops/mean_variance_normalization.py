@@ -23,11 +23,12 @@ is transposed into a contiguous copy first.
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype
-from normkernels.ops import common
+from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
+from normkernels.ops import common, plans
 from normkernels.ops.common import ALL_FLOATS, NO_BF16
 
 OP = "MeanVarianceNormalization"
@@ -96,8 +97,57 @@ def _runs(shape, axes):
             math.prod(shape[last:]))
 
 
+class _Planned(NamedTuple):
+    """A call over C-contiguous X (and ``out``) of one shape, dtype and axes whose kept
+    axes are consecutive: the engine's direct moments step, the fold, the engine's
+    scale-shift; ``out`` checked again (writeable, X itself or apart from it)."""
+
+    moments: object  # engine.direct_moments
+    scale_shift: object  # engine.direct_scale_shift
+
+    def __call__(self, X, out):
+        if out is None:
+            y = np.empty_like(X)
+        elif not out.flags.writeable or (out is not X and np.may_share_memory(out, X)):
+            return None
+        else:
+            y = out
+        xs, ys = storage_view(X.ravel()), storage_view(y.ravel())
+        if not (xs.flags.aligned and ys.flags.aligned):
+            return None
+        count, mean, m2 = self.moments(xs)
+        self.scale_shift(xs, ys, *fold(mean, m2 / count, X.dtype))
+        return y
+
+
+def _plan(engine, X, y, C, S):
+    """The plan of a call that passed the checks over C-contiguous X and y, or None
+    (an engine without direct steps, above the serial size)."""
+    if not hasattr(engine, "direct_moments"):
+        return None
+    xs = storage_view(X.ravel())
+    steps = (engine.direct_moments(C, S, X.size),
+             engine.direct_scale_shift(C, S, xs, np.empty_like(xs), compute_dtype(X.dtype)))
+    return None if None in steps else _Planned(*steps)
+
+
 def mean_variance_normalization(X, *, axes=None, opset=13, out=None, engine, path=None):
     """Spec layer of :func:`normkernels.mean_variance_normalization`."""
+    key = None
+    if path is None:
+        try:  # an earlier call's plan (normkernels/ops/plans.py)
+            key = (OP, engine, None if axes is None else tuple(axes), type(axes), opset,
+                   type(opset), type(X), X.shape, X.strides, X.dtype, plans.out_key(out, X))
+            if axes is not None:
+                key += tuple(map(type, axes))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not an array, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            Y = plan(X, out)
+            if Y is not None:
+                return Y
+    given = X
     version = version_for(opset)
     label = version.label(OP)
     attrs = common.resolve_attributes(label, version, {"axes": axes})
@@ -127,6 +177,8 @@ def mean_variance_normalization(X, *, axes=None, opset=13, out=None, engine, pat
     count, mean, m2 = engine.channel_moments(x, C, S, path)
     m, a, b = fold(mean, m2 / count, X.dtype)
     engine.scale_shift(x, y, C, S, m, a, b, path)
+    if key is not None and x is X is given and order is None and (out is None or y is out):
+        plans.add(key, _plan(engine, X, y, C, S))
     if order is not None:
         y = y.transpose(np.argsort(order))
     if out is not None and y is not out:

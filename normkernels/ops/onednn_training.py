@@ -26,9 +26,11 @@ statistics, gamma and beta (T2) float32, or bfloat16 when src is bfloat16. Ranks
 forward's (2-D or more); oneDNN's own shape inference asks 4-D of the BN backward.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
-from normkernels.ops import backward, common, rows
+from normkernels.ops import backward, common, plans, rows, training_plans
 from normkernels.ops.common import BFLOAT16, FLOAT16, FLOAT32
 
 FORWARD = "BatchNormForwardTraining"
@@ -86,6 +88,21 @@ def batch_norm_forward_training(src, mean, variance, gamma=None, beta=None, *, e
                                 momentum=None, data_format="NXC", out=None, engine,
                                 path=None):
     """Spec layer of :func:`normkernels.batch_norm_forward_training`."""
+    key = None
+    if path is None:
+        try:  # an earlier call's plan (normkernels/ops/training_plans.py)
+            key = (FORWARD, engine, epsilon, type(epsilon), momentum, type(momentum),
+                   data_format, type(data_format), *((type(a), a.shape, a.strides, a.dtype)
+                   if a is not None else None for a in (src, mean, variance, gamma, beta)),
+                   plans.out_key(out, src))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            outputs = plan(src, gamma, beta, mean, variance, out)
+            if outputs is not None:
+                return outputs
+    given = (src, mean, variance, gamma, beta)
     label = FORWARD
     (X,) = _tensors(label, {"src": src})
     _both_or_neither(label, gamma, beta)
@@ -108,9 +125,36 @@ def batch_norm_forward_training(src, mean, variance, gamma=None, beta=None, *, e
     batch_var = m2 / count  # population variance
     dst = common.infer(X, scale, shift, batch_mean, batch_var, eps, data_format, out, engine,
                        path)
-    running_mean = engine.running(params["mean"], batch_mean, m, t2)
-    running_var = engine.running(params["variance"], batch_var, m, t2)
-    return dst, running_mean, running_var, batch_mean.astype(t2), batch_var.astype(t2)
+    finish = _outputs(engine, m, t2)
+    if key is not None and plans.plain([a for a in given if a is not None],
+                                       [X, *params.values()]):
+        plan = training_plans.batch_training(engine, eps, X, scale, shift, data_format, out,
+                                             finish)
+        plans.add(key, None if plan is None else _Defaults(plan, scale, shift))
+    return finish(dst, batch_mean, batch_var, params["mean"], params["variance"])
+
+
+def _outputs(engine, momentum, t2):
+    """``finish(dst, batch_mean, batch_var, mean, variance)``: the forward training's
+    outputs (the running statistics, the batch statistics in the statistics' dtype)."""
+    def finish(dst, batch_mean, batch_var, mean, variance):
+        return (dst, engine.running(mean, batch_mean, momentum, t2),
+                engine.running(variance, batch_var, momentum, t2), batch_mean.astype(t2),
+                batch_var.astype(t2))
+    return finish
+
+
+class _Defaults(NamedTuple):
+    """A forward training plan that takes gamma and beta as given (or its first call's
+    defaults, ones and zeros, when they are None: the key says which)."""
+
+    plan: object
+    scale: object
+    shift: object
+
+    def __call__(self, src, gamma, beta, mean, variance, out):
+        return self.plan(src, self.scale if gamma is None else gamma,
+                         self.shift if beta is None else beta, mean, variance, out)
 
 
 def batch_norm_training_backward(src, diff_dst, mean, variance, gamma=None, *, epsilon,

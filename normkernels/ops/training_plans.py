@@ -32,11 +32,11 @@ def aligned(*arrays):
 
 
 class BatchTraining(NamedTuple):
-    """BatchNormalization in training mode of X with one memory layout: the batch
-    statistics, Y from them, then the running (and saved) statistics by ``finish``
-    (the operator's own :func:`normkernels.ops.batch_normalization.training_outputs`)."""
+    """Per-channel training (BatchNormalization's, oneDNN's forward training) of X with
+    one memory layout: the batch statistics, Y from them, then the operator's outputs
+    by ``finish(Y, batch_mean, batch_var, input_mean, input_var)``."""
 
-    call: object
+    epsilon: float
     moments: object  # engine.direct_moments
     normalize: object  # engine.direct_normalize
     finish: object
@@ -55,29 +55,26 @@ class BatchTraining(NamedTuple):
             return None
         count, mean, m2 = self.moments(xs)
         var = m2 / count  # population variance (divide by N)
-        self.normalize(xs, ys, s, b, mean, var, self.call.epsilon)
-        return self.finish(self.call, y, mean, var, input_mean, input_var)
+        self.normalize(xs, ys, s, b, mean, var, self.epsilon)
+        return self.finish(y, mean, var, input_mean, input_var)
 
 
-def batch_training(call, X, arrays, data_format, out, finish):
+def batch_training(engine, epsilon, X, scale, B, data_format, out, finish):
     """The :class:`BatchTraining` plan of a training call that just passed the checks
-    (no epilogue, per-channel statistics), or None."""
-    engine = call.engine
+    (per-channel statistics, no epilogue), or None."""
     found = plans.layout(X, data_format, out)
-    if (found is None or call.act is not None or call.res is not None
-            or not hasattr(engine, "direct_moments")):
+    if found is None or not hasattr(engine, "direct_moments"):
         return None
     order, S = found
     C = common.channel_count(X, data_format)
     x = X if order is None else X.transpose(order)
     xs = storage_view(np.ascontiguousarray(x).ravel())
     moments = engine.direct_moments(C, S, xs.size)
-    normalize = engine.direct_normalize(C, S, xs, np.empty_like(xs),
-                                        storage_view(arrays["scale"]),
-                                        storage_view(arrays["B"]))
+    normalize = engine.direct_normalize(C, S, xs, np.empty_like(xs), storage_view(scale),
+                                        storage_view(B))
     if moments is None or normalize is None:
         return None
-    return BatchTraining(call, moments, normalize, finish, order, X.shape, X.dtype)
+    return BatchTraining(float(epsilon), moments, normalize, finish, order, X.shape, X.dtype)
 
 
 def _target(X, out, order):
