@@ -95,11 +95,20 @@ def calls(ops=None, dtypes=None, layouts=None):
 
 
 def _run(op, mode, dtype, layout, ncx_shape, path=None):
-    """One call on zeros (made now: the 8M-element inputs are not kept)."""
+    """One call on zeros (made now: the 8M-element inputs are not kept); a small one
+    twice, the second served by the plan the first left, with the fused step of a
+    backward plan (:func:`normkernels.ops.training_plans.fusing`)."""
+    from normkernels.engine import policy
+    from normkernels.ops import training_plans
+
     X, params = _workload(np.random.default_rng(0), op, mode, dtype, layout, ncx_shape)
-    if path is None:
+    if path is not None:
+        return op.call(X, params, mode, layout, None, None, path)
+    if X.size > policy.SERIAL_MAX_ELEMENTS:
         return op.call(X, params, mode, layout)
-    return op.call(X, params, mode, layout, None, None, path)
+    with training_plans.fusing():
+        op.call(X, params, mode, layout)
+        return op.call(X, params, mode, layout)
 
 
 def _workload(rng, op, mode, dtype, layout, ncx_shape):

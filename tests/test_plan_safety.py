@@ -10,13 +10,15 @@ and message) with the full path's on fresh arrays built the same way (an explici
 (attribute types, signed zeros, policy changes, the store's bound).
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 from arrays import BFLOAT16, assert_identical
 
 from normkernels.bench import workloads
 from normkernels.operators import OPERATORS
-from normkernels.ops import plans
+from normkernels.ops import plans, training_plans
 
 CASES = [(name, mode) for name, op in OPERATORS.items() for mode in op.modes]
 IDS = [f"{name}-{mode}" for name, mode in CASES]
@@ -86,10 +88,22 @@ def _plan_made(op, mode):
         assert plans.stored_keys(), f"{op} {mode}: the first call left no plan"
 
 
-@pytest.mark.parametrize("op,mode", CASES, ids=IDS)
+# (fused: a backward plan serves its calls by its one-call kernel from the first,
+# normkernels/ops/training_plans.py)
+SERVED = [(op, mode, False) for op, mode in CASES] + [
+    (op, mode, True) for op, mode in CASES if mode == "backward"]
+
+
+@pytest.mark.parametrize("op,mode,fused", SERVED,
+                         ids=[f"{op}-{mode}{'-fused' * fused}" for op, mode, fused in SERVED])
 @pytest.mark.parametrize("out_kind", ["none", "out"])
-def test_a_plan_serves_new_values_as_the_full_path_does(op, mode, out_kind):
+def test_a_plan_serves_new_values_as_the_full_path_does(op, mode, fused, out_kind):
     record = OPERATORS[op]
+    with training_plans.fusing() if fused else contextlib.nullcontext():
+        _serves_new_values(op, mode, out_kind, record)
+
+
+def _serves_new_values(op, mode, out_kind, record):
     for layout in record.layouts:
         plans.clear()
         _, X, params = _inputs(op, mode, layout, 1)

@@ -18,7 +18,7 @@ costs 2 us), with arrays its caller guarantees aligned and writeable (storage vi
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype
+from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
 from normkernels.engine import policy
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import entry_point
@@ -28,6 +28,7 @@ from normkernels.kernels.activations import NONE
 # kernel modules: imported at first use (engine/lazy.py)
 backward_dx = lazy(__name__, "backward_dx")
 backward_sums = lazy(__name__, "backward_sums")
+small = lazy(__name__, "small", "backward_small")
 inference = lazy(__name__, "inference")
 loops = lazy(__name__, "loops", "scale_shift")
 reductions = lazy(__name__, "reductions", "statistics")
@@ -37,6 +38,12 @@ def _serial(size):
     """Whether every step of a call over ``size`` elements runs serially in the
     engine's own methods (the thresholds of ``policy.choose_path`` for each)."""
     return 0 < size <= min(policy.SERIAL_MAX_ELEMENTS, policy.NORMALIZE_SERIAL_MAX_ELEMENTS)
+
+
+def _tag(planes):
+    """The route tag of :mod:`normkernels.kernels.backward_small` for a loop by planes
+    (True) or by rows."""
+    return small.PLANES if planes else small.ROWS
 
 
 class DirectSteps:
@@ -207,6 +214,90 @@ class DirectSteps:
             kernel(xs, dys, dxs, K, gamma, centered, eps, stats, rows_per_item, part_g, part_b)
             return part_g.sum(axis=0), part_b.sum(axis=0)
         return run
+
+    def direct_channel_backward(self, C, S, size, dtype, fused=False):
+        """``run(xs, dys, dxs, scale, mean, stats, is_var, epsilon) -> (dscale, dB)``:
+        BatchNormalization's training backward as the engine's ``channel_grad_sums``,
+        ``group_coefficients`` (a channel a group) and ``grad_apply`` run it on the
+        serial path (flat storage views of X, dY, dX; the parameters as given, ``C``
+        values each; float64 dscale and dB). ``fused``: in one compiled call
+        (:func:`normkernels.kernels.backward_small.channel_backward`, compiled at its
+        first run), else step by step (no kernel of its own)."""
+        if not _serial(size):
+            return None
+        n_rows = size // (C * S)
+        cd = compute_dtype(dtype)
+        if fused:
+            flags = (_tag(backward_sums.sums_by_planes(C, S, n_rows)),
+                     _tag(backward_sums.by_planes(S, n_rows)))
+            residual, like, kernel = cd != FLOAT64, np.empty(0, cd), small.channel_backward
+
+            def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
+                dscale, dB = np.empty(C), np.empty(C)
+                kernel(xs, dys, dxs, C, S, storage_view(scale), storage_view(mean),
+                       storage_view(stats), is_var, epsilon, *flags, residual, like, dscale, dB)
+                return dscale, dB
+            return run
+        sums = self.direct_grad_sums(C, S, size)
+        coefficients = self.direct_coefficients(C, 1, dtype)
+        apply = self.direct_grad_apply(C, S, size)
+        counts = np.full(C, float(size // C))
+
+        def steps(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
+            mean64 = mean.astype(np.float64)
+            if is_var:
+                with np.errstate(all="ignore"):
+                    r = 1.0 / np.sqrt(stats.astype(np.float64) + epsilon)
+            else:
+                r = stats.astype(np.float64)
+            sum_dy, sum_dyx = sums(xs, dys, mean64)
+            m, a, b, k, dscale = coefficients(scale.astype(np.float64), mean64, r, sum_dy,
+                                              sum_dyx, counts)
+            apply(xs, dys, dxs, m, a, b, k)
+            return dscale, sum_dy
+        return steps
+
+    def direct_group_backward(self, views, planes, S, group, C, size, dtype, fused=False):
+        """``run(xs, dys, dxs, scale, epsilon) -> (dscale, dB)``: the instance/group
+        backward with its statistics recomputed as the engine's ``group_grad_sums``,
+        ``group_coefficients`` and ``grad_apply`` run it, view by view, on the serial path
+        (``views`` views of ``planes`` planes of ``S``, or with ``S`` 1 rows of
+        ``planes`` columns; ``group`` planes a group, ``C`` channels; ``scale`` as
+        given). ``fused``: in one compiled call
+        (:func:`normkernels.kernels.backward_small.group_backward`), else step by step."""
+        if not _serial(size):
+            return None
+        view = size // views
+        cd = compute_dtype(dtype)
+        if fused:
+            flags = (_tag(not (S == 1 and view // planes > 1)),
+                     _tag(backward_sums.by_planes(S, view // planes)))
+            residual, like, kernel = cd != FLOAT64, np.empty(0, cd), small.group_backward
+
+            def run(xs, dys, dxs, scale, epsilon):
+                dscale, dB = np.empty(C), np.empty(C)
+                kernel(xs, dys, dxs, views, planes, S, group, C, storage_view(scale), epsilon,
+                       *flags, residual, like, dscale, dB)
+                return dscale, dB
+            return run
+        sums = self.direct_group_sums(planes, S, group, view)
+        coefficients = self.direct_coefficients(planes, group, dtype)
+        apply = self.direct_grad_apply(planes, S, view)
+
+        def steps(xs, dys, dxs, scale, epsilon):
+            gamma = np.tile(scale.astype(np.float64), planes // C)
+            dscale, dB = np.zeros(C), np.zeros(C)  # as the full path adds them up
+            for lo in range(0, size, view):
+                xv, dyv, dxv = xs[lo:lo + view], dys[lo:lo + view], dxs[lo:lo + view]
+                count, gmean, gm2, sum_dy, sum_dyx = sums(xv, dyv)
+                with np.errstate(all="ignore"):
+                    r = 1.0 / np.sqrt(gm2 / count + epsilon)
+                m, a, b, k, terms = coefficients(gamma, gmean, r, sum_dy, sum_dyx, count)
+                dscale += np.cumsum(terms.reshape(-1, C), axis=0)[-1]
+                dB += np.cumsum(sum_dy.reshape(-1, C), axis=0)[-1]
+                apply(xv, dyv, dxv, m, a, b, k)
+            return dscale, dB
+        return steps
 
     def direct_coefficients(self, planes, Cg, dtype):
         """``run(gamma, gmean, r, sum_dy, sum_dyx, counts) -> (m, a, b, k, terms)``:

@@ -335,8 +335,9 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
         if per_sample:
             partials.append((terms.reshape(-1, C), sum_dy.reshape(-1, C)))
         else:
-            dscale += terms.reshape(-1, C).sum(axis=0)
-            dB += sum_dy.reshape(-1, C).sum(axis=0)
+            # the samples in order (cumsum adds left to right; sum may pair them up)
+            dscale += np.cumsum(terms.reshape(-1, C), axis=0)[-1]
+            dB += np.cumsum(sum_dy.reshape(-1, C), axis=0)[-1]
         if epv is None or dz is not None:  # dY, or the dZ the reduction wrote
             engine.grad_apply(xv, dyv if epv is None else dz, dxv, planes, per, *coefficients,
                               path)

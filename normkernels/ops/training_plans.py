@@ -15,6 +15,7 @@ from the inputs, and the arrays aligned (the kernels' entry points were compiled
 aligned arrays; an unaligned one takes the full path).
 """
 
+import contextlib
 from typing import NamedTuple
 
 import numpy as np
@@ -108,135 +109,130 @@ def channel_key(label, engine, epsilon, training, data_format, dY, X, scale, mea
     return key
 
 
-def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, out):
-    """The plan key of an instance or group normalization backward call, or None."""
-    try:
-        key = (label, engine, num_groups, type(num_groups), epsilon, type(epsilon),
-               data_format, type(data_format), type(dY), dY.shape, dY.strides, dY.dtype,
-               type(X), X.shape, X.strides, X.dtype,
-               type(scale), scale.shape, scale.strides, scale.dtype, plans.out_key(out, X))
-    except AttributeError:  # not arrays
-        return None
-    return key
+# Planned calls a backward plan serves step by step before it compiles its one-call
+# kernel (normkernels/kernels/backward_small.py): a second or tenth call does not pay
+# the compile (about a second per dtype on an empty cache; milliseconds from the disk
+# cache), a training loop's small layers do from the FUSE_AFTER-th on (the warm-up
+# compiles it: fusing()). The two give the same bits.
+FUSE_AFTER = 64
 
 
-class ChannelBackward(NamedTuple):
-    """BatchNormalization's training backward of X with one memory layout: the
-    per-channel sums, the coefficients, the dX pass (``sums``, ``coefficients``,
-    ``apply``: the engine's direct steps), dscale and dB in the parameters' dtype."""
+class _Fusing:
+    """A plan whose step is the engine's direct steps for its first ``FUSE_AFTER``
+    served calls, then its fused direct step (``fuse()`` makes it; its first run
+    compiles it or loads it from the disk cache)."""
 
-    epsilon: float
-    order: tuple
-    counts: object  # float64 elements per channel, one entry a channel
-    pdtype: object
-    sums: object
-    coefficients: object
-    apply: object
+    __slots__ = ("calls", "fuse", "run")
+
+    def __init__(self, run, fuse):
+        self.run, self.fuse, self.calls = run, fuse, 0
+
+    def current(self):
+        """The step of this served call."""
+        if self.fuse is not None and self.calls >= FUSE_AFTER:
+            self.run, self.fuse = self.fuse(), None
+        self.calls += 1
+        return self.run
+
+
+class ChannelBackward(_Fusing):
+    """BatchNormalization's training backward of X with one memory layout: the engine's
+    direct step (the reduction, the coefficients and the dX pass), dscale and dB in the
+    parameters' dtype."""
+
+    __slots__ = ("C", "epsilon", "order", "pdtype")
+
+    def __init__(self, epsilon, order, C, pdtype, run, fuse):
+        super().__init__(run, fuse)
+        self.epsilon, self.order, self.C, self.pdtype = epsilon, order, C, pdtype
 
     def __call__(self, dY, X, scale, mean, var, inv_std, out):
         stats = var if inv_std is None else inv_std
         if out is not None and (not out.flags.writeable
                                 or plans.shares(out, X, (dY, scale, mean, stats))):
             return None
-        order = self.order
-        dX, dx = _target(X, out, order)
-        xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
-        if not aligned(xs, dys, dxs):
-            return None
-        C = self.counts.size  # the parameters as float64 vectors (their shape may be C x 1...)
-        mean64 = mean.astype(np.float64).reshape(C)
-        if inv_std is None:
-            with np.errstate(all="ignore"):
-                r = 1.0 / np.sqrt(var.astype(np.float64).reshape(C) + self.epsilon)
-        else:
-            r = inv_std.astype(np.float64).reshape(C)
-        sum_dy, sum_dyx = self.sums(xs, dys, mean64)
-        m, a, b, k, dscale = self.coefficients(scale.astype(np.float64).reshape(C), mean64, r,
-                                               sum_dy, sum_dyx, self.counts)
-        self.apply(xs, dys, dxs, m, a, b, k)
-        return dX, dscale.astype(self.pdtype), sum_dy.astype(self.pdtype)
-
-
-def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
-    """The :class:`ChannelBackward` plan of BatchNormalization's training backward that
-    just passed the checks, or None (another layout, no direct steps)."""
-    found = plans.layout(X, data_format, out)
-    if found is None or not hasattr(engine, "direct_grad_sums"):
-        return None
-    order, S = found
-    if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
-        return None
-    C = common.channel_count(X, data_format)
-    steps = (engine.direct_grad_sums(C, S, X.size), engine.direct_coefficients(C, 1, X.dtype),
-             engine.direct_grad_apply(C, S, X.size))
-    if None in steps:
-        return None
-    counts = np.full(C, float(X.size // C))
-    return ChannelBackward(float(epsilon), order, counts, scale.dtype, *steps)
-
-
-class GroupBackward(NamedTuple):
-    """The instance and group normalization backward of X with one memory layout, the
-    statistics recomputed: per view (the whole tensor in channels-first memory, each
-    sample in channels-last memory, as the full path runs them) the one reduction
-    (statistics and sums per plane), the coefficients, the dX pass; dscale and dB
-    added up over the views."""
-
-    epsilon: float
-    order: tuple
-    C: int
-    planes: int  # planes (or columns) of a view
-    samples: int  # views
-    pdtype: object
-    sums: object
-    coefficients: object
-    apply: object
-
-    def __call__(self, dY, X, scale, out):
-        if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, scale))):
-            return None
         order, C = self.order, self.C
         dX, dx = _target(X, out, order)
         xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
         if not aligned(xs, dys, dxs):
             return None
-        gamma = np.tile(scale.astype(np.float64).reshape(C), self.planes // C)
-        dscale, dB = np.zeros(C), np.zeros(C)  # as the full path adds them up
-        size = xs.size // self.samples
-        for lo in range(0, xs.size, size):
-            xv, dyv, dxv = xs[lo:lo + size], dys[lo:lo + size], dxs[lo:lo + size]
-            count, gmean, gm2, sum_dy, sum_dyx = self.sums(xv, dyv)
-            with np.errstate(all="ignore"):
-                r = 1.0 / np.sqrt(gm2 / count + self.epsilon)
-            m, a, b, k, terms = self.coefficients(gamma, gmean, r, sum_dy, sum_dyx, count)
-            dscale += terms.reshape(-1, C).sum(axis=0)
-            dB += sum_dy.reshape(-1, C).sum(axis=0)
-            self.apply(xv, dyv, dxv, m, a, b, k)
+        dscale, dB = self.current()(xs, dys, dxs, scale.reshape(C), mean.reshape(C),
+                                    stats.reshape(C), inv_std is None, self.epsilon)
+        return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
+
+
+def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
+    """The :class:`ChannelBackward` plan of BatchNormalization's training backward that
+    just passed the checks, or None (another layout, no direct step)."""
+    found = plans.layout(X, data_format, out)
+    if found is None or not hasattr(engine, "direct_channel_backward"):
+        return None
+    order, S = found
+    if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
+        return None
+    C = common.channel_count(X, data_format)
+    run = engine.direct_channel_backward(C, S, X.size, X.dtype)
+    if run is None:
+        return None
+    return ChannelBackward(float(epsilon), order, C, scale.dtype, run,
+                           lambda: engine.direct_channel_backward(C, S, X.size, X.dtype, True))
+
+
+def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, out):
+    """The plan key of an instance or group normalization backward call, or None."""
+    try:
+        return (label, engine, num_groups, type(num_groups), epsilon, type(epsilon),
+                data_format, type(data_format), type(dY), dY.shape, dY.strides, dY.dtype,
+                type(X), X.shape, X.strides, X.dtype,
+                type(scale), scale.shape, scale.strides, scale.dtype, plans.out_key(out, X))
+    except AttributeError:  # not arrays
+        return None
+
+
+class GroupBackward(_Fusing):
+    """The instance and group normalization backward of X with one memory layout, the
+    statistics recomputed: the engine's direct step (per view, the whole tensor in
+    channels-first memory or each sample in channels-last memory as the full path runs
+    them: the one reduction, the coefficients, the dX pass)."""
+
+    __slots__ = ("C", "epsilon", "order", "pdtype")
+
+    def __init__(self, epsilon, order, C, pdtype, run, fuse):
+        super().__init__(run, fuse)
+        self.epsilon, self.order, self.C, self.pdtype = epsilon, order, C, pdtype
+
+    def __call__(self, dY, X, scale, out):
+        if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, scale))):
+            return None
+        order = self.order
+        dX, dx = _target(X, out, order)
+        xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
+        if not aligned(xs, dys, dxs):
+            return None
+        dscale, dB = self.current()(xs, dys, dxs, scale.reshape(self.C), self.epsilon)
         return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
 
 
 def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
     """The :class:`GroupBackward` plan of an instance or group normalization backward
-    (``group`` channels a group) that just passed the checks, or None (given statistics,
-    no direct steps)."""
+    (``group`` channels a group) that just passed the checks, or None (no direct step)."""
     found = plans.layout(X, data_format, out)
-    if found is None or not hasattr(engine, "direct_group_sums"):
+    if found is None or not hasattr(engine, "direct_group_backward"):
         return None
     order, S = found
     if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
         return None
     C, N = common.channel_count(X, data_format), X.shape[0]
     if S * N * C == X.size:  # channels-first memory: one view of N * C planes
-        planes, samples = N * C, 1
+        views, planes = 1, N * C
     else:  # channels-last memory: a view per sample, rows of C columns
-        planes, samples, S = C, N, 1
-    size = X.size // samples
-    steps = (engine.direct_group_sums(planes, S, group, size),
-             engine.direct_coefficients(planes, group, X.dtype),
-             engine.direct_grad_apply(planes, S, size))
-    if None in steps:
+        views, planes, S = N, C, 1
+    args = (views, planes, S, group, C, X.size, X.dtype)
+    run = engine.direct_group_backward(*args)
+    if run is None:
         return None
-    return GroupBackward(float(epsilon), order, C, planes, samples, scale.dtype, *steps)
+    return GroupBackward(float(epsilon), order, C, scale.dtype, run,
+                         lambda: engine.direct_group_backward(*args, True))
 
 
 def rows_key(label, engine, axis, epsilon, dY, X, scale, out):
@@ -295,3 +291,16 @@ def rows_backward(engine, centered, epsilon, dY, X, scale, M, K, span, out):
         return None
     return RowsBackward(run, K, span, scale.shape, scale.dtype,
                         None if scale.shape == tuple(span) else rows.sum_to)
+
+
+@contextlib.contextmanager
+def fusing():
+    """Within: a backward plan serves its first planned call (a second call of equal
+    metadata) fused (the warm-up compiles the one-call kernels so that no later call
+    does)."""
+    global FUSE_AFTER
+    saved, FUSE_AFTER = FUSE_AFTER, 0
+    try:
+        yield
+    finally:
+        FUSE_AFTER = saved
