@@ -74,6 +74,8 @@ SCALE_SHIFT = "normkernels/kernels/scale_shift.py"
 ENGINE = "normkernels/engine/numba_engine.py"
 BOUND = "normkernels/engine/numba_bind.py"
 ENGINE_BASE = "normkernels/engine/__init__.py"
+DIRECT = "normkernels/engine/numba_direct.py"
+PLAN_TESTS = ["tests/test_plans.py", "-k", "training_and_backward"]
 POLICY = "normkernels/engine/policy.py"
 THREADS = "normkernels/engine/threads.py"
 TWIN = "normkernels/reference/__init__.py"
@@ -1317,6 +1319,41 @@ MUTATIONS = [
                  ("normkernels/bench/networks.py", "    if key not in shared:\n",
                   "    if True:\n")],
              ["tests/test_networks.py"]),
+    # the training and backward plans (normkernels/ops/training_plans.py) and their
+    # engine steps (engine/numba_direct.py, kernels/backward_small.py)
+    mutation("plans/fused-r-ignores-inv-std", "the fused BN backward takes the given "
+             "inv_std for a variance", [
+                 ("normkernels/kernels/backward_small.py",
+                  "r[c] = 1.0 / np.sqrt(v + epsilon) if is_var else v",
+                  "r[c] = 1.0 / np.sqrt(v + epsilon)")], PLAN_TESTS),
+    mutation("plans/steps-r-ignores-inv-std", "the BN backward plan's steps take the given "
+             "inv_std for a variance", [
+                 (DIRECT, "                r = stats.astype(np.float64)\n",
+                  "                r = 1.0 / np.sqrt(stats.astype(np.float64) + epsilon)\n")],
+             PLAN_TESTS),
+    mutation("plans/fused-group-first-view-only", "the fused group backward runs the first "
+             "channels-last sample only", [
+                 ("normkernels/kernels/backward_small.py", "    for v in range(views):",
+                  "    for v in range(1):")], PLAN_TESTS),
+    mutation("plans/direct-moments-one-channel-planes", "the direct moments of one channel "
+             "take the planes of S, not the whole tensor (the engine's rule)", [
+                 (DIRECT, "            S = size  # one channel: the whole tensor is one plane "
+                  "(as channel_moments)", "            pass")], PLAN_TESTS),
+    mutation("plans/channel-backward-out-overlap-unchecked", "a planned BN backward writes "
+             "an out that overlaps X", [
+                 ("normkernels/ops/training_plans.py",
+                  "or plans.shares(out, X, (dY, scale, mean, stats))):", "or False):")],
+             ["tests/test_plan_safety.py", "-k", "out_is_checked and batchnorm-backward"]),
+    mutation("plans/rows-backward-broadcast-scale", "the LayerNorm backward plan takes a "
+             "broadcast scale for the span's", [
+                 ("normkernels/ops/training_plans.py",
+                  "None if scale.shape == tuple(span) else rows.sum_to)", "None)")],
+             PLAN_TESTS),
+    mutation("grad-routes/few-rows-by-planes", "short planes in more rows go by planes "
+             "(the measured rule is 2 n_rows <= S)", [
+                 ("normkernels/kernels/backward_sums.py", "S >= GRAD_MIN_PLANE or 2 * n_rows <= S",
+                  "S >= GRAD_MIN_PLANE or n_rows <= S")],
+             ["tests/test_backward.py", "-k", "every_route"]),
 ]
 
 

@@ -9,6 +9,8 @@ changed at run time. Every result is compared bit for bit with the slow twin
 float64 oracle; every error must be the one the full checks give.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 from arrays import BFLOAT16, assert_identical
@@ -611,3 +613,118 @@ def test_plans_key_on_the_activation(rng, op, out_kind):
     assert len(plans.stored_keys()) == len(acts)
     # a bound call per activation (channels-last GroupNorm plans bind none)
     assert plans.bound_calls() == (0 if out is None or op == "ort-group" else len(acts))
+
+
+# --- training and backward plans (normkernels/ops/training_plans.py) ---
+
+def _channel(rng, shape, C, dtype=np.float32):
+    X = rng.normal(3, 2, shape).astype(dtype)
+    dY = rng.standard_normal(shape).astype(dtype)
+    scale = rng.uniform(0.5, 2, C).astype(dtype)
+    mean = rng.normal(3, 0.1, C).astype(dtype)
+    var = rng.uniform(3, 5, C).astype(dtype)
+    return X, dY, scale, mean, var
+
+
+def _spec_call(module, function):
+    from normkernels.engine.numba_engine import ENGINE
+
+    return lambda *a, **kw: getattr(module, function)(*a, engine=ENGINE, path="serial", **kw)
+
+
+def _backward_spec(function):
+    from normkernels.ops import backward
+    return _spec_call(backward, function)
+
+
+# name -> (public call, full-path call) of (rng) -> the arguments and keywords
+TRAINING_CASES = {
+    # one channel: the moments of the whole tensor as one plane
+    "bn-training-C1": lambda rng: (
+        "batch_normalization", bn_spec, (rng.normal(5, 2, (2, 1, 300)).astype(np.float32),
+                                         *_params(rng, 1)), {"training_mode": 1}),
+    "bn-training-saved-inv-std": lambda rng: (
+        "batch_normalization", bn_spec, (rng.normal(5, 2, (3, 4, 6)).astype(np.float32),
+                                         *_params(rng, 4)),
+        {"opset": 9, "num_outputs": 5, "saved_var": "inv_std"}),
+    "bn-training-NXC": lambda rng: (
+        "batch_normalization", bn_spec, (rng.normal(5, 2, (3, 5, 7)).astype(np.float64),
+                                         *_params(rng, 7, np.float64)),
+        {"training_mode": 1, "data_format": "NXC"}),
+    "bn-backward-inv-std": lambda rng: (lambda X, dY, s, m, v: (
+        "batch_normalization_backward", None, (dY, X, s, m),
+        {"inv_std": (1 / np.sqrt(v.astype(np.float64) + 1e-3)).astype(np.float32)}))(
+            *_channel(rng, (2, 5, 9), 5)),
+    "bn-backward-rows": lambda rng: (lambda X, dY, s, m, v: (
+        "batch_normalization_backward", None, (dY, X, s, m, v), {"epsilon": 1e-3}))(
+            *_channel(rng, (40, 3, 5, 5), 3)),
+    "bn-backward-bfloat16-NXC": lambda rng: (lambda X, dY, s, m, v: (
+        "batch_normalization_backward", None, (dY, X, s, m, v), {"data_format": "NXC"}))(
+            *_channel(rng, (2, 3, 4, 6), 6, BFLOAT16)),
+    "gn-backward-NXC": lambda rng: (lambda X, dY, s, m, v: (
+        "group_normalization_backward", None, (dY, X, s),
+        {"num_groups": 2, "data_format": "NXC"}))(*_channel(rng, (3, 5, 4, 6), 6)),
+    "in-backward-float16": lambda rng: (lambda X, dY, s, m, v: (
+        "instance_normalization_backward", None, (dY, X, s), {}))(
+            *_channel(rng, (2, 3, 17), 3, np.float16)),
+    "ln-backward-broadcast-scale": lambda rng: (
+        "layer_normalization_backward", None,
+        (rng.standard_normal((4, 6, 10)).astype(np.float32),
+         rng.normal(2, 1, (4, 6, 10)).astype(np.float32),
+         rng.uniform(0.5, 2, (1, 10)).astype(np.float32)), {"axis": 1}),
+    "lp-columns": lambda rng: (
+        "lp_normalization", None, (rng.standard_normal((4, 6, 10)).astype(np.float32),),
+        {"axis": 1, "p": 1}),
+}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["steps", "fused"])
+@pytest.mark.parametrize("name", sorted(TRAINING_CASES))
+def test_training_and_backward_plans_give_the_full_paths_bits(rng, name, fused):
+    """A training or backward call served by its plan (step by step, or by the fused
+    one-call kernel of a backward plan) gives the bits of the full path at the serial
+    path, on the routes the table's workloads do not reach: one channel, saved
+    statistics, inv_std given, short planes in many rows, channels-last samples,
+    16-bit dtypes, a broadcast scale, Lp over a middle axis."""
+    from normkernels.ops import backward, lp_normalization, training_plans
+
+    function, module, args, kwargs = TRAINING_CASES[name](rng)
+    module = module or (lp_normalization if function == "lp_normalization" else backward)
+    want = _spec_call(module, function)(*args, **kwargs)
+    with training_plans.fusing() if fused else contextlib.nullcontext():
+        for _ in range(3):  # the full path and its plan, then the planned calls
+            got = getattr(nk, function)(*args, **kwargs)
+            for a, b in zip(_outputs(got), _outputs(want), strict=True):
+                assert_identical(a, b)
+    assert plans.stored_keys(), f"{name}: no plan"
+
+
+def test_backward_plan_hands_unaligned_arrays_to_the_full_path(rng):
+    """An unaligned X (same shape, strides and dtype as the planned one) is not run by
+    the entry points compiled for aligned arrays: the full path gives its result."""
+    X, dY, scale, mean, var = _channel(rng, (2, 5, 9), 5)
+    nk.batch_normalization_backward(dY, X, scale, mean, var)
+    raw = np.zeros(X.nbytes + 1, np.uint8)
+    unaligned = np.frombuffer(raw.data, np.float32, X.size, offset=1).reshape(X.shape)
+    assert not unaligned.flags.aligned
+    unaligned[...] = X  # frombuffer over a bytearray's memory: writeable
+    got = nk.batch_normalization_backward(dY, unaligned, scale, mean, var)
+    want = _backward_spec("batch_normalization_backward")(dY, X, scale, mean, var)
+    for a, b in zip(got, want, strict=True):
+        assert_identical(a, b)
+
+
+def test_backward_plans_fuse_after_their_count(rng, monkeypatch):
+    """A backward plan serves FUSE_AFTER calls step by step, then the fused kernel; the
+    bits never change."""
+    from normkernels.ops import training_plans
+
+    monkeypatch.setattr(training_plans, "FUSE_AFTER", 3)
+    X, dY, scale, _, _ = _channel(rng, (2, 6, 5, 7), 6)
+    want = _backward_spec("group_normalization_backward")(dY, X, scale, num_groups=3)
+    for i in range(6):
+        got = nk.group_normalization_backward(dY, X, scale, num_groups=3)
+        for a, b in zip(got, want, strict=True):
+            assert_identical(a, b)
+        plan = plans.get(plans.stored_keys()[0])
+        assert (plan.fuse is None) == (i >= 4), i  # 0 made the plan, 1-3 stepped, 4 fused
