@@ -862,8 +862,8 @@ MUTATIONS = [
     mutation("projection-without-r/backward", "the x_hat projection of dX misses a factor r", [
         (BWD_DX, "bg = -rg * rg * rg * g2 / M[g]", "bg = -rg * rg * g2 / M[g]")], BACKWARD),
     mutation("mean-residual-dropped/backward", "dX rounds the float64 mean and drops its "
-             "residual", [(BWD_SPEC, "        if cd != FLOAT64:  # the mean's residual",
-                           "        if False:  # the mean's residual")], BACKWARD),
+             "residual", [(BWD_DX, "kp = kg + (bg * (rounded - mean) if np.isfinite(rounded) "
+                           "else 0.0)", "kp = kg")], BACKWARD),
     mutation("rows-channel-of-column/backward", "the rows reduction assigns column j to "
              "channel j % C, not (j // S) % C", [
                  (BWD_SUMS, "        c = (j // S) % C\n", "        c = j % C\n")], BACKWARD),

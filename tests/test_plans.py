@@ -639,9 +639,9 @@ def _backward_spec(function):
 
 # name -> (public call, full-path call) of (rng) -> the arguments and keywords
 TRAINING_CASES = {
-    # one channel: the moments of the whole tensor as one plane
+    # one channel: the moments of the whole tensor as one plane (not 64 rows of 9)
     "bn-training-C1": lambda rng: (
-        "batch_normalization", bn_spec, (rng.normal(5, 2, (2, 1, 300)).astype(np.float32),
+        "batch_normalization", bn_spec, (rng.normal(5, 2, (64, 1, 9)).astype(np.float32),
                                          *_params(rng, 1)), {"training_mode": 1}),
     "bn-training-saved-inv-std": lambda rng: (
         "batch_normalization", bn_spec, (rng.normal(5, 2, (3, 4, 6)).astype(np.float32),
@@ -672,6 +672,11 @@ TRAINING_CASES = {
         (rng.standard_normal((4, 6, 10)).astype(np.float32),
          rng.normal(2, 1, (4, 6, 10)).astype(np.float32),
          rng.uniform(0.5, 2, (1, 10)).astype(np.float32)), {"axis": 1}),
+    "rms-backward-above-serial": lambda rng: (
+        "rms_normalization_backward", None,
+        (rng.standard_normal((300, 301)).astype(np.float32),
+         rng.normal(2, 1, (300, 301)).astype(np.float32),
+         rng.uniform(0.5, 2, 301).astype(np.float32)), {}),
     "lp-columns": lambda rng: (
         "lp_normalization", None, (rng.standard_normal((4, 6, 10)).astype(np.float32),),
         {"axis": 1, "p": 1}),
@@ -685,7 +690,7 @@ def test_training_and_backward_plans_give_the_full_paths_bits(rng, name, fused):
     one-call kernel of a backward plan) gives the bits of the full path at the serial
     path, on the routes the table's workloads do not reach: one channel, saved
     statistics, inv_std given, short planes in many rows, channels-last samples,
-    16-bit dtypes, a broadcast scale, Lp over a middle axis."""
+    16-bit dtypes, a broadcast scale, rows above the serial size, Lp over a middle axis."""
     from normkernels.ops import backward, lp_normalization, training_plans
 
     function, module, args, kwargs = TRAINING_CASES[name](rng)

@@ -135,7 +135,7 @@ class Engine:
         ``gamma`` and sums, per-group ``gmean``, ``r`` and element count ``M``), in the
         compute dtype of ``dtype``: ``A = gamma r``, ``B = -r^3 sum(gamma sum_dyx) / M``,
         ``K = -r sum(gamma sum_dy) / M`` (the group sums in plane order), the mean
-        rounded with its residual folded into K (:func:`normkernels.ops.backward.rounded`);
+        rounded with its residual folded into K (as the forward folds it);
         and float64 ``terms = r sum_dyx`` per plane (the scale gradient's)."""
         from normkernels.dtypes import FLOAT64, compute_dtype
 

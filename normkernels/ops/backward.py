@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype
+from normkernels.dtypes import compute_dtype
 from normkernels.ops import common, plans, training_plans
 from normkernels.ops import epilogue_backward as _epilogue
 from normkernels.ops.common import ALL_FLOATS
@@ -98,18 +98,6 @@ def given_statistics(label, mean, inv_std, lead, centered):
     return values[0], values[1]
 
 
-def rounded(mean, a, b, k, dtype):
-    """``(m, A, B, K)`` in the compute dtype of ``dtype`` from float64 coefficients of
-    ``dY * a + (x - mean) * b + k``: the mean rounded, its residual folded into K (as
-    the forward folds it)."""
-    cd = compute_dtype(dtype)
-    with np.errstate(all="ignore"):
-        m = mean.astype(cd)
-        if cd != FLOAT64:  # the mean's residual, as the forward folds it
-            k = k + np.where(np.isfinite(m), b * (m.astype(np.float64) - mean), 0.0)
-        return m, a.astype(cd), b.astype(cd), k.astype(cd)
-
-
 def fold(engine, scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
     """``(m, A, B, K)`` in the compute dtype of ``dtype``, and float64 ``(dscale, dB)``,
     per channel, from the float64 sums over ``count`` elements per channel: in training
@@ -120,10 +108,10 @@ def fold(engine, scale, mean, r, sum_dy, sum_dyx, count, training, dtype):
         *coefficients, dscale = engine.group_coefficients(scale, mean, r, sum_dy, sum_dyx, 1,
                                                           count, dtype)
         return coefficients, dscale, sum_dy
+    cd = compute_dtype(dtype)  # eval mode: dX = dY * A (m, B and K are not used)
     with np.errstate(all="ignore"):
-        a = scale * r
-        zeros = np.zeros_like(a)
-        return rounded(mean, a, zeros, zeros, dtype), r * sum_dyx, sum_dy
+        zeros = np.zeros(scale.shape, cd)
+        return (mean.astype(cd), (scale * r).astype(cd), zeros, zeros), r * sum_dyx, sum_dy
 
 
 def _result(X, order, dx, out):

@@ -7,8 +7,10 @@ was the call. A plan here holds the engine's direct steps for its sizes
 (``direct_*`` of :class:`normkernels.engine.numba_direct.DirectSteps`: the serial
 kernels of the engine's own methods at that size, so a planned call gives the full
 path's bits) and runs them in the order the full path does. The plan is made only
-where every step has a direct form (a serial size, an engine that has them); else the
-operator keeps its checked plan (:class:`normkernels.ops.plans.Checked`).
+where every step has a direct form (a serial size, an engine that has them; the rows
+backward calls the engine above it); else there is none (BatchNormalization's
+training keeps its checked plan, :class:`normkernels.ops.plans.Checked`). A backward
+plan switches to its one-call kernel after ``FUSE_AFTER`` calls (see there).
 
 A planned call checks again what its key does not prove: ``out`` writeable and apart
 from the inputs, and the arrays aligned (the kernels' entry points were compiled for
@@ -281,14 +283,17 @@ class RowsBackward(NamedTuple):
 
 def rows_backward(engine, centered, epsilon, dY, X, scale, M, K, span, out):
     """The :class:`RowsBackward` plan of a row normalization's backward that just passed
-    the checks, or None (X, dY or ``out`` not C-contiguous, no direct step)."""
+    the checks, or None (X, dY or ``out`` not C-contiguous, an engine without direct
+    steps)."""
     if (not (X.flags.c_contiguous and dY.flags.c_contiguous
              and (out is None or out.flags.c_contiguous))
             or not hasattr(engine, "direct_rows_backward")):
         return None
     run = engine.direct_rows_backward(M, K, centered, epsilon)
-    if run is None:
-        return None
+    if run is None and M * K:  # above the serial size: the engine's call, its path per call
+        def run(xs, dys, dxs, gamma):
+            return engine.rows_backward(xs.reshape(M, K), dys.reshape(M, K), dxs.reshape(M, K),
+                                        gamma, centered, epsilon)
     return RowsBackward(run, K, span, scale.shape, scale.dtype,
                         None if scale.shape == tuple(span) else rows.sum_to)
 
