@@ -641,8 +641,8 @@ def _backward_spec(function):
 TRAINING_CASES = {
     # one channel: the moments of the whole tensor as one plane (not 64 rows of 9)
     "bn-training-C1": lambda rng: (
-        "batch_normalization", bn_spec, (rng.normal(5, 2, (64, 1, 9)).astype(np.float32),
-                                         *_params(rng, 1)), {"training_mode": 1}),
+        "batch_normalization", bn_spec, (rng.normal(5, 2, (64, 1, 9)),
+                                         *_params(rng, 1, np.float64)), {"training_mode": 1}),
     "bn-training-saved-inv-std": lambda rng: (
         "batch_normalization", bn_spec, (rng.normal(5, 2, (3, 4, 6)).astype(np.float32),
                                          *_params(rng, 4)),
