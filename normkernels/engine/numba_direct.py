@@ -40,6 +40,16 @@ def _serial(size):
     return 0 < size <= min(policy.SERIAL_MAX_ELEMENTS, policy.NORMALIZE_SERIAL_MAX_ELEMENTS)
 
 
+def _entry(kernel, entry, args):
+    """``kernel``'s entry point for the types of ``args``, found at the first run and
+    kept in ``entry`` (a plan's later runs pass arguments of the same types: its key
+    fixes the arrays' dtypes and shapes, the plan checks them aligned and hands
+    storage views, writeable, to the kernel)."""
+    if not entry:
+        entry.append(entry_point(kernel, args))
+    return entry[0]
+
+
 def _tag(planes):
     """The route tag of :mod:`normkernels.kernels.backward_small` for a loop by planes
     (True) or by rows."""
@@ -234,9 +244,12 @@ class DirectSteps:
 
             def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
                 dscale, dB = np.empty(C), np.empty(C)
-                kernel(xs, dys, dxs, C, S, storage_view(scale), storage_view(mean),
-                       storage_view(stats), is_var, epsilon, *flags, residual, like, dscale, dB)
+                args = (xs, dys, dxs, C, S, storage_view(scale), storage_view(mean),
+                        storage_view(stats), is_var, epsilon, *flags, residual, like, dscale,
+                        dB)
+                _entry(kernel, entry, args)(*args)
                 return dscale, dB
+            entry = []
             return run
         sums = self.direct_grad_sums(C, S, size)
         coefficients = self.direct_coefficients(C, 1, dtype)
@@ -276,9 +289,11 @@ class DirectSteps:
 
             def run(xs, dys, dxs, scale, epsilon):
                 dscale, dB = np.empty(C), np.empty(C)
-                kernel(xs, dys, dxs, views, planes, S, group, C, storage_view(scale), epsilon,
-                       *flags, residual, like, dscale, dB)
+                args = (xs, dys, dxs, views, planes, S, group, C, storage_view(scale), epsilon,
+                        *flags, residual, like, dscale, dB)
+                _entry(kernel, entry, args)(*args)
                 return dscale, dB
+            entry = []
             return run
         sums = self.direct_group_sums(planes, S, group, view)
         coefficients = self.direct_coefficients(planes, group, dtype)

@@ -156,7 +156,7 @@ class ChannelBackward(_Fusing):
         order, C = self.order, self.C
         dX, dx = _target(X, out, order)
         xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
-        if not aligned(xs, dys, dxs):
+        if not aligned(xs, dys, dxs, scale, mean, stats):
             return None
         dscale, dB = self.current()(xs, dys, dxs, scale.reshape(C), mean.reshape(C),
                                     stats.reshape(C), inv_std is None, self.epsilon)
@@ -209,7 +209,7 @@ class GroupBackward(_Fusing):
         order = self.order
         dX, dx = _target(X, out, order)
         xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
-        if not aligned(xs, dys, dxs):
+        if not aligned(xs, dys, dxs, scale):
             return None
         dscale, dB = self.current()(xs, dys, dxs, scale.reshape(self.C), self.epsilon)
         return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
