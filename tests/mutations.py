@@ -331,12 +331,11 @@ MUTATIONS = [
                             "_same_memory(y, result):\n        return None\n    return "
                             "_checked(ENGINE.bind_instance_planes")], ["tests/test_bind.py"]),
     mutation("bind-planes-stale-tables", "a bound instance norm folds scale and B once, "
-             "at binding", [(BOUND, "        kernel = instance.fused_planes_serial\n"
-                             "        return lambda: kernel(xs, ys, *args)",
-                             "        kernel = instance.fused_planes_serial\n"
+             "at binding", [(BOUND, "        return compiled_call(instance.fused_planes_serial, (xs, ys, *args))",
                              "        s0, b0 = args[3].copy(), args[4].copy()\n"
                              "        args = args[:3] + (s0, b0) + args[5:]\n"
-                             "        return lambda: kernel(xs, ys, *args)")],
+                             "        return compiled_call(instance.fused_planes_serial, "
+                             "(xs, ys, *args))")],
              ["tests/test_bind.py"]),
     mutation("bind-converted-parameter", "a bound call reads a parameter converted at "
              "binding", [(BINDING, "    if not _reads((x, scale, B, mean, var), inputs)",
@@ -1331,6 +1330,10 @@ MUTATIONS = [
                  (DIRECT, "                r = stats.astype(np.float64)\n",
                   "                r = 1.0 / np.sqrt(stats.astype(np.float64) + epsilon)\n")],
              PLAN_TESTS),
+    mutation("plans/fused-training-sample-variance", "the fused training step divides M2 "
+             "by count - 1", [
+                 ("normkernels/kernels/training_small.py", "        var[c] = m2[c] / count[c]",
+                  "        var[c] = m2[c] / (count[c] - 1)")], PLAN_TESTS),
     mutation("plans/fused-group-first-view-only", "the fused group backward runs the first "
              "channels-last sample only", [
                  ("normkernels/kernels/backward_small.py", "    for v in range(views):",

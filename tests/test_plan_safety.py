@@ -88,10 +88,10 @@ def _plan_made(op, mode):
         assert plans.stored_keys(), f"{op} {mode}: the first call left no plan"
 
 
-# (fused: a backward plan serves its calls by its one-call kernel from the first,
-# normkernels/ops/training_plans.py)
+# (fused: a training or backward plan serves its calls by its one-call kernel from the
+# first, normkernels/ops/training_plans.py)
 SERVED = [(op, mode, False) for op, mode in CASES] + [
-    (op, mode, True) for op, mode in CASES if mode == "backward"]
+    (op, mode, True) for op, mode in CASES if mode in ("backward", "training")]
 
 
 @pytest.mark.parametrize("op,mode,fused", SERVED,

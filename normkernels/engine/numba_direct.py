@@ -29,6 +29,7 @@ from normkernels.kernels.activations import NONE
 backward_dx = lazy(__name__, "backward_dx")
 backward_sums = lazy(__name__, "backward_sums")
 small = lazy(__name__, "small", "backward_small")
+training = lazy(__name__, "training", "training_small")
 inference = lazy(__name__, "inference")
 loops = lazy(__name__, "loops", "scale_shift")
 reductions = lazy(__name__, "reductions", "statistics")
@@ -133,6 +134,46 @@ class DirectSteps:
             _, mt, at, bt = parameter_tables(C, S, m, a, b)
             run(xs, ys, period, mt, at, bt, None, NONE)
         return periodic
+
+    def direct_training(self, C, S, xs, ys, scale, B, fused=False):
+        """``run(xs, ys, scale, B, epsilon) -> (mean, var)``: per-channel training's
+        :meth:`channel_moments`, ``var = M2 / count`` and :meth:`inference` with the
+        float64 batch statistics, on the serial path (flat storage views and parameters
+        of the types of the samples, aligned and writeable). ``fused``: in one compiled
+        call (:func:`normkernels.kernels.training_small.batch_training`), else step by
+        step."""
+        size = xs.size
+        moments = self.direct_moments(C, S, size)
+        normalize = self.direct_normalize(C, S, xs, ys, scale, B)
+        if moments is None or normalize is None:
+            return None
+        if not fused:
+            def steps(xs, ys, scale, B, epsilon):
+                count, mean, m2 = moments(xs)
+                var = m2 / count  # population variance (divide by N)
+                normalize(xs, ys, scale, B, mean, var, epsilon)
+                return mean, var
+            return steps
+        Sm = size if C == 1 else S  # as channel_moments
+        rows = not policy.use_plane_moments(Sm, size // (C * Sm))
+        steps = np.zeros((0, 4), np.int64)
+        if rows:  # channel_moments' two row_moments calls: whole wide rows, then the rest
+            period = C * Sm
+            width = period * -(-policy.MIN_ROW_COLUMNS // period)
+            wide = size // width * width
+            steps = np.array([(lo, hi, P, policy.rows_per_block(P, reductions.COLUMN_TILE))
+                              for lo, hi, P in ((0, wide, width), (wide, size, period))
+                              if hi > lo], np.int64).reshape(-1, 4)
+        period = policy.inference_period(C, S, xs.itemsize, size)
+        args = (C, S, Sm, _tag(not rows), steps, _tag(period == 0), period, NONE)
+        kernel, entry = training.batch_training, []
+
+        def run(xs, ys, scale, B, epsilon):
+            mean, var = np.empty(C), np.empty(C)
+            call = (xs, ys, *args[:3], scale, B, epsilon, *args[3:], mean, var)
+            _entry(kernel, entry, call)(*call)
+            return mean, var
+        return run
 
     def direct_grad_sums(self, C, S, size):
         """``run(xs, dys, mean) -> (sum_dy, sum_dyx)``: :meth:`channel_grad_sums` of

@@ -413,6 +413,7 @@ class NumbaEngine(BoundCalls, DirectSteps, EpilogueGradientLoops, GatedLoops, Qu
         stats = np.empty((0, 2)) if stats is None else np.ascontiguousarray(stats, np.float64)
         xs, dys = _views(x, dy)
         dxs = storage_view(dx.ravel())
+        gamma = storage_view(gamma)  # writeable: one type whether or not the caller's is
         # work items by the shape alone (the same bits for any thread count): few for
         # a small call, whose column partials would otherwise outweigh its rows
         items = max(1, min(M, backward_dx.ROW_ITEMS, M * K // backward_dx.ROW_ITEM_ELEMENTS))

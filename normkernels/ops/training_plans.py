@@ -34,18 +34,45 @@ def aligned(*arrays):
     return True
 
 
-class BatchTraining(NamedTuple):
-    """Per-channel training (BatchNormalization's, oneDNN's forward training) of X with
-    one memory layout: the batch statistics, Y from them, then the operator's outputs
-    by ``finish(Y, batch_mean, batch_var, input_mean, input_var)``."""
+# Planned calls a training or backward plan serves step by step before it compiles its
+# one-call kernel (kernels/backward_small.py, training_small.py): a second or tenth
+# call does not pay the compile (about a second per dtype on an empty cache;
+# milliseconds from the disk cache), a training loop's small layers do from the
+# FUSE_AFTER-th on (the warm-up compiles it: fusing()). The two give the same bits.
+FUSE_AFTER = 64
 
-    epsilon: float
-    moments: object  # engine.direct_moments
-    normalize: object  # engine.direct_normalize
-    finish: object
-    order: tuple
-    shape: tuple
-    dtype: object
+
+class _Fusing:
+    """A plan whose step is the engine's direct steps for its first ``FUSE_AFTER``
+    served calls, then its fused direct step (``fuse()`` makes it; its first run
+    compiles it or loads it from the disk cache)."""
+
+    __slots__ = ("calls", "fuse", "run")
+
+    def __init__(self, run, fuse):
+        self.run, self.fuse, self.calls = run, fuse, 0
+
+    def current(self):
+        """The step of this served call."""
+        if self.fuse is not None and self.calls >= FUSE_AFTER:
+            self.run, self.fuse = self.fuse(), None
+        self.calls += 1
+        return self.run
+
+
+class BatchTraining(_Fusing):
+    """Per-channel training (BatchNormalization's, oneDNN's forward training) of X with
+    one memory layout: the batch statistics and Y from them (the engine's direct step:
+    step by step, then after ``FUSE_AFTER`` calls in one compiled call, as the
+    backward plans), then the operator's outputs by ``finish(Y, batch_mean, batch_var,
+    input_mean, input_var)``."""
+
+    __slots__ = ("dtype", "epsilon", "finish", "order", "shape")
+
+    def __init__(self, epsilon, run, fuse, finish, order, shape, dtype):
+        super().__init__(run, fuse)
+        self.epsilon, self.finish, self.order, self.shape, self.dtype = (epsilon, finish, order,
+                                                                         shape, dtype)
 
     def __call__(self, X, scale, B, input_mean, input_var, out):
         views = plans.output(self, X, out, (scale, B, input_mean, input_var))
@@ -56,9 +83,7 @@ class BatchTraining(NamedTuple):
         s, b = storage_view(scale), storage_view(B)
         if not aligned(xs, ys, s, b):
             return None
-        count, mean, m2 = self.moments(xs)
-        var = m2 / count  # population variance (divide by N)
-        self.normalize(xs, ys, s, b, mean, var, self.epsilon)
+        mean, var = self.current()(xs, ys, s, b, self.epsilon)
         return self.finish(y, mean, var, input_mean, input_var)
 
 
@@ -66,18 +91,18 @@ def batch_training(engine, epsilon, X, scale, B, data_format, out, finish):
     """The :class:`BatchTraining` plan of a training call that just passed the checks
     (per-channel statistics, no epilogue), or None."""
     found = plans.layout(X, data_format, out)
-    if found is None or not hasattr(engine, "direct_moments"):
+    if found is None or not hasattr(engine, "direct_training"):
         return None
     order, S = found
     C = common.channel_count(X, data_format)
     x = X if order is None else X.transpose(order)
     xs = storage_view(np.ascontiguousarray(x).ravel())
-    moments = engine.direct_moments(C, S, xs.size)
-    normalize = engine.direct_normalize(C, S, xs, np.empty_like(xs), storage_view(scale),
-                                        storage_view(B))
-    if moments is None or normalize is None:
+    samples = (C, S, xs, np.empty_like(xs), storage_view(scale), storage_view(B))
+    run = engine.direct_training(*samples)
+    if run is None:
         return None
-    return BatchTraining(float(epsilon), moments, normalize, finish, order, X.shape, X.dtype)
+    return BatchTraining(float(epsilon), run, lambda: engine.direct_training(*samples, True),
+                         finish, order, X.shape, X.dtype)
 
 
 def _target(X, out, order):
@@ -109,32 +134,6 @@ def channel_key(label, engine, epsilon, training, data_format, dY, X, scale, mea
     except AttributeError:  # not arrays
         return None
     return key
-
-
-# Planned calls a backward plan serves step by step before it compiles its one-call
-# kernel (normkernels/kernels/backward_small.py): a second or tenth call does not pay
-# the compile (about a second per dtype on an empty cache; milliseconds from the disk
-# cache), a training loop's small layers do from the FUSE_AFTER-th on (the warm-up
-# compiles it: fusing()). The two give the same bits.
-FUSE_AFTER = 64
-
-
-class _Fusing:
-    """A plan whose step is the engine's direct steps for its first ``FUSE_AFTER``
-    served calls, then its fused direct step (``fuse()`` makes it; its first run
-    compiles it or loads it from the disk cache)."""
-
-    __slots__ = ("calls", "fuse", "run")
-
-    def __init__(self, run, fuse):
-        self.run, self.fuse, self.calls = run, fuse, 0
-
-    def current(self):
-        """The step of this served call."""
-        if self.fuse is not None and self.calls >= FUSE_AFTER:
-            self.run, self.fuse = self.fuse(), None
-        self.calls += 1
-        return self.run
 
 
 class ChannelBackward(_Fusing):
