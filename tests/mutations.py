@@ -331,7 +331,8 @@ MUTATIONS = [
                             "_same_memory(y, result):\n        return None\n    return "
                             "_checked(ENGINE.bind_instance_planes")], ["tests/test_bind.py"]),
     mutation("bind-planes-stale-tables", "a bound instance norm folds scale and B once, "
-             "at binding", [(BOUND, "        return compiled_call(instance.fused_planes_serial, (xs, ys, *args))",
+             "at binding", [(BOUND, "        return compiled_call(instance.fused_planes_serial, "
+                             "(xs, ys, *args))",
                              "        s0, b0 = args[3].copy(), args[4].copy()\n"
                              "        args = args[:3] + (s0, b0) + args[5:]\n"
                              "        return compiled_call(instance.fused_planes_serial, "
@@ -1342,10 +1343,11 @@ MUTATIONS = [
              "take the planes of S, not the whole tensor (the engine's rule)", [
                  (DIRECT, "            S = size  # one channel: the whole tensor is one plane "
                   "(as channel_moments)", "            pass")], PLAN_TESTS),
-    mutation("plans/channel-backward-out-overlap-unchecked", "a planned BN backward writes "
-             "an out that overlaps X", [
+    mutation("plans/gradient-out-overlap-unchecked", "a planned backward writes an out "
+             "that overlaps X", [
                  ("normkernels/ops/training_plans.py",
-                  "or plans.shares(out, X, (dY, scale, mean, stats))):", "or False):")],
+                  "if out is not None and (not out.flags.writeable or plans.shares(out, X, "
+                  "(dY, *params))):", "if out is not None and not out.flags.writeable:")],
              ["tests/test_plan_safety.py", "-k", "out_is_checked and batchnorm-backward"]),
     mutation("plans/rows-backward-broadcast-scale", "the LayerNorm backward plan takes a "
              "broadcast scale for the span's", [

@@ -143,11 +143,9 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
     if path is None and activation is None and Y is None and B is None and add is None:
         key = training_plans.channel_key(BN, engine, epsilon, training, data_format, dY, X,
                                          scale, mean, var, inv_std, out)
-        plan = plans.find(key)
-        if plan is not None:
-            grads = plan(dY, X, scale, mean, var, inv_std, out)
-            if grads is not None:
-                return grads
+        grads = plans.serve(key, dY, X, scale, mean, var, inv_std, out)
+        if grads is not None:
+            return grads
     given = [a for a in (dY, X, scale, mean, var, inv_std) if a is not None]
     label = BN
     dY, X, params = _arrays(label, dY, X, {"scale": scale, "mean": mean, "var": var,
@@ -242,11 +240,9 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
             and epilogue[0] is epilogue[1] is epilogue[2] is epilogue[3] is None):
         key = training_plans.group_key(label, engine, num_groups, epsilon, data_format, dY, X,
                                        scale, out)
-        plan = plans.find(key)
-        if plan is not None:
-            grads = plan(dY, X, scale, out)
-            if grads is not None:
-                return grads
+        grads = plans.serve(key, dY, X, scale, out)
+        if grads is not None:
+            return grads
     from normkernels.ops.group_normalization import check_groups
 
     supplied = (dY, X, scale)
@@ -372,11 +368,9 @@ def _rows_backward(label, dY, X, scale, axis, epsilon, mean, inv_std, centered, 
     key = None
     if path is None and mean is None and inv_std is None:
         key = training_plans.rows_key(label, engine, axis, epsilon, dY, X, scale, out)
-        plan = plans.find(key)
-        if plan is not None:
-            grads = plan(dY, X, scale, out)
-            if grads is not None:
-                return grads
+        grads = plans.serve(key, dY, X, scale, out)
+        if grads is not None:
+            return grads
 
     supplied = (dY, X, scale)
     dY, X, params = _arrays(label, dY, X, {"scale": scale})

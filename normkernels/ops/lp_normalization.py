@@ -82,12 +82,9 @@ class _Planned(NamedTuple):
     p: int
 
     def __call__(self, X, out):
-        if out is None:
-            Y = np.empty_like(X)
-        elif not out.flags.writeable or (out is not X and np.may_share_memory(out, X)):
+        Y = plans.own_output(X, out)
+        if Y is None:
             return None
-        else:
-            Y = out
         self.engine.lp_normalize(X, Y, self.outer, self.K, self.inner, self.p)
         return Y
 

@@ -106,12 +106,9 @@ class _Planned(NamedTuple):
     scale_shift: object  # engine.direct_scale_shift
 
     def __call__(self, X, out):
-        if out is None:
-            y = np.empty_like(X)
-        elif not out.flags.writeable or (out is not X and np.may_share_memory(out, X)):
+        y = plans.own_output(X, out)
+        if y is None:
             return None
-        else:
-            y = out
         xs, ys = storage_view(X.ravel()), storage_view(y.ravel())
         if not (xs.flags.aligned and ys.flags.aligned):
             return None

@@ -48,13 +48,15 @@ def get(key):
     return _plans.get(key)
 
 
-def find(key):
-    """:func:`get` for a key built by a function, which may hold an unhashable attribute
-    (no plan then)."""
+def serve(key, *args):
+    """The result of the plan stored under ``key`` for ``args``, or None (no plan, or
+    the plan hands the call to the full path). ``key`` is built by a function and may
+    hold an unhashable attribute: no plan then."""
     try:
-        return _plans.get(key)
+        plan = _plans.get(key)
     except TypeError:
         return None
+    return None if plan is None else plan(*args)
 
 
 def add(key, plan):
@@ -209,6 +211,17 @@ def output(plan, X, out, params=None):
     if plan.order is None:
         return y, X, y
     return y, X.transpose(plan.order), y.transpose(plan.order)
+
+
+def own_output(X, out):
+    """Y of a planned call that writes X's shape and dtype elementwise from X alone:
+    ``out`` (writeable, X itself or apart from it) or a new array like X; None when
+    ``out`` needs the full checks."""
+    if out is None:
+        return np.empty_like(X)
+    if not out.flags.writeable or (out is not X and np.may_share_memory(out, X)):
+        return None
+    return out
 
 
 def shares(out, X, params):

@@ -105,21 +105,36 @@ def batch_training(engine, epsilon, X, scale, B, data_format, out, finish):
                          finish, order, X.shape, X.dtype)
 
 
-def _target(X, out, order):
-    """``(dX, dx)``: the gradient's array (``out``, or new in X's memory order) and its
-    C-contiguous view in the kernels' order."""
+def _gradient_views(X, dY, out, order, params):
+    """``(dX, xs, dys, dxs)`` of a planned backward call: dX (``out``, or new in X's
+    memory order) and the flat storage views of X, dY and dX in the kernels' order;
+    None when the full path must decide (``out`` read-only or sharing memory with an
+    input, an array not aligned)."""
+    if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, *params))):
+        return None
     dX = np.empty_like(X) if out is None else out
-    return dX, (dX if order is None else dX.transpose(order))
+    views = [storage_view((a if order is None else a.transpose(order)).ravel())
+             for a in (X, dY, dX)]
+    if not aligned(*views, *params):
+        return None
+    return (dX, *views)
 
 
-def _kernel_views(a, order):
-    return storage_view((a if order is None else a.transpose(order)).ravel())
+def _gradient_layout(engine, step, X, dY, data_format, out):
+    """``(order, S)`` of a backward plan's layout, or None (the full path's: another
+    layout, dY in another memory order, an engine without the direct ``step``)."""
+    found = plans.layout(X, data_format, out)
+    if found is None or not hasattr(engine, step):
+        return None
+    if not (dY if found[0] is None else dY.transpose(found[0])).flags.c_contiguous:
+        return None
+    return found
 
 
 def channel_key(label, engine, epsilon, training, data_format, dY, X, scale, mean, var,
                 inv_std, out):
     """The plan key of a BatchNormalization backward call (None: not arrays; it may hold
-    an unhashable attribute, :func:`normkernels.ops.plans.find` finds no plan for it;
+    an unhashable attribute, :func:`normkernels.ops.plans.serve` finds no plan for it;
     :mod:`normkernels.ops.plans` says what a key holds)."""
     try:
         key = (label, engine, epsilon, type(epsilon), training, type(training), data_format,
@@ -148,15 +163,11 @@ class ChannelBackward(_Fusing):
         self.epsilon, self.order, self.C, self.pdtype = epsilon, order, C, pdtype
 
     def __call__(self, dY, X, scale, mean, var, inv_std, out):
-        stats = var if inv_std is None else inv_std
-        if out is not None and (not out.flags.writeable
-                                or plans.shares(out, X, (dY, scale, mean, stats))):
+        stats, C = var if inv_std is None else inv_std, self.C
+        views = _gradient_views(X, dY, out, self.order, (scale, mean, stats))
+        if views is None:
             return None
-        order, C = self.order, self.C
-        dX, dx = _target(X, out, order)
-        xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
-        if not aligned(xs, dys, dxs, scale, mean, stats):
-            return None
+        dX, xs, dys, dxs = views
         dscale, dB = self.current()(xs, dys, dxs, scale.reshape(C), mean.reshape(C),
                                     stats.reshape(C), inv_std is None, self.epsilon)
         return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
@@ -165,12 +176,10 @@ class ChannelBackward(_Fusing):
 def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
     """The :class:`ChannelBackward` plan of BatchNormalization's training backward that
     just passed the checks, or None (another layout, no direct step)."""
-    found = plans.layout(X, data_format, out)
-    if found is None or not hasattr(engine, "direct_channel_backward"):
+    found = _gradient_layout(engine, "direct_channel_backward", X, dY, data_format, out)
+    if found is None:
         return None
     order, S = found
-    if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
-        return None
     C = common.channel_count(X, data_format)
     run = engine.direct_channel_backward(C, S, X.size, X.dtype)
     if run is None:
@@ -203,13 +212,10 @@ class GroupBackward(_Fusing):
         self.epsilon, self.order, self.C, self.pdtype = epsilon, order, C, pdtype
 
     def __call__(self, dY, X, scale, out):
-        if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, scale))):
+        views = _gradient_views(X, dY, out, self.order, (scale,))
+        if views is None:
             return None
-        order = self.order
-        dX, dx = _target(X, out, order)
-        xs, dys, dxs = _kernel_views(X, order), _kernel_views(dY, order), storage_view(dx.ravel())
-        if not aligned(xs, dys, dxs, scale):
-            return None
+        dX, xs, dys, dxs = views
         dscale, dB = self.current()(xs, dys, dxs, scale.reshape(self.C), self.epsilon)
         return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
 
@@ -217,12 +223,10 @@ class GroupBackward(_Fusing):
 def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
     """The :class:`GroupBackward` plan of an instance or group normalization backward
     (``group`` channels a group) that just passed the checks, or None (no direct step)."""
-    found = plans.layout(X, data_format, out)
-    if found is None or not hasattr(engine, "direct_group_backward"):
+    found = _gradient_layout(engine, "direct_group_backward", X, dY, data_format, out)
+    if found is None:
         return None
     order, S = found
-    if not (dY if order is None else dY.transpose(order)).flags.c_contiguous:
-        return None
     C, N = common.channel_count(X, data_format), X.shape[0]
     if S * N * C == X.size:  # channels-first memory: one view of N * C planes
         views, planes = 1, N * C
@@ -260,13 +264,11 @@ class RowsBackward(NamedTuple):
     sum_to: object
 
     def __call__(self, dY, X, scale, out):
-        if out is not None and (not out.flags.writeable or plans.shares(out, X, (dY, scale))):
+        views = _gradient_views(X, dY, out, None, (scale,))
+        if views is None:
             return None
+        dX, xs, dys, dxs = views
         K, span = self.K, self.span
-        dX = np.empty_like(X) if out is None else out
-        xs, dys, dxs = storage_view(X.ravel()), storage_view(dY.ravel()), storage_view(dX.ravel())
-        if not aligned(xs, dys, dxs):
-            return None
         if self.sum_to is None:  # the scale has the span's shape: its values in order
             gamma = scale.astype(np.float64).reshape(K)
         else:
