@@ -126,8 +126,8 @@ def batch_norm_forward_training(src, mean, variance, gamma=None, beta=None, *, e
     dst = common.infer(X, scale, shift, batch_mean, batch_var, eps, data_format, out, engine,
                        path)
     finish = _outputs(engine, m, t2)
-    if key is not None and plans.plain([a for a in given if a is not None],
-                                       [X, *params.values()]):
+    if key is not None and m and plans.plain([a for a in given if a is not None],
+                                             [X, *params.values()]):  # m: -0.0 == 0.0
         plan = training_plans.batch_training(engine, eps, X, scale, shift, data_format, out,
                                              finish)
         plans.add(key, None if plan is None else _Defaults(plan, scale, shift))
