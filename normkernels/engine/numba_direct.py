@@ -14,6 +14,10 @@ decided once. Kernels whose arguments are arrays and numbers are called through 
 dispatchers (typing them costs about 0.1 us an array); a kernel that takes an
 activation marker or None is called through its compiled entry point (typing those
 costs 2 us), with arrays its caller guarantees aligned and writeable (storage views).
+The training and backward steps also have a fused form (``fused=True``): the same
+kernels composed into one compiled call (:mod:`normkernels.kernels.backward_small`,
+:mod:`normkernels.kernels.training_small`), which a plan switches to after
+``training_plans.FUSE_AFTER`` calls.
 """
 
 import numpy as np
