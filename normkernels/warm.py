@@ -91,7 +91,23 @@ def calls(ops=None, dtypes=None, layouts=None):
                         found.append((f"{dtype_name} {op.name} {mode} {layout} "
                                       f"{'x'.join(map(str, shape))}",
                                       functools.partial(_run, op, mode, dtype, layout, shape)))
+        if any(OPERATORS[n].backward in _ONE_CALL_BACKWARD and dtype_name in OPERATORS[n].dtypes
+               for n in names):
+            found.append((f"{dtype_name} one-call backward kernels",
+                          functools.partial(_warm_backward, dtype)))
     return found
+
+
+# the backward functions whose kernels run in one call (Engine.channel_backward,
+# group_backward), each route a compiled function of its own
+_ONE_CALL_BACKWARD = ("batch_normalization_backward", "batch_norm_training_backward",
+                      "instance_normalization_backward", "group_normalization_backward")
+
+
+def _warm_backward(dtype):
+    from normkernels.engine.numba_engine import ENGINE
+
+    ENGINE.warm_backward(dtype)
 
 
 def _run(op, mode, dtype, layout, ncx_shape, path=None):
@@ -102,6 +118,7 @@ def _run(op, mode, dtype, layout, ncx_shape, path=None):
     from normkernels.ops import training_plans
 
     X, params = _workload(np.random.default_rng(0), op, mode, dtype, layout, ncx_shape)
+    _with_statistics(op, mode, X, params, layout, path)
     if path is not None:
         return op.call(X, params, mode, layout, None, None, path)
     if X.size > policy.SERIAL_MAX_ELEMENTS:
@@ -109,6 +126,26 @@ def _run(op, mode, dtype, layout, ncx_shape, path=None):
     with training_plans.fusing():
         op.call(X, params, mode, layout)
         return op.call(X, params, mode, layout)
+
+
+# the backward functions that take the forward's statistics (mean, inv_std per (n, group))
+_STATISTICS_BACKWARD = ("instance_normalization_backward", "group_normalization_backward")
+
+
+def _with_statistics(op, mode, X, params, layout, path):
+    """The instance/group backward with the forward's statistics given as well (the
+    PyTorch adapter's call: its own reduction kernels, and on the streaming path the
+    steps that run them)."""
+    if mode != "backward" or op.backward not in _STATISTICS_BACKWARD:
+        return
+    from normkernels.engine.numba_engine import ENGINE
+    from normkernels.ops import backward
+
+    C = op.channel_count(X, layout)
+    kwargs = op.kwargs(mode, layout, C)
+    lead = (X.shape[0], kwargs.get("num_groups", C))
+    getattr(backward, op.backward)(*op.arguments(X, params, mode), mean=np.zeros(lead),
+                                   inv_std=np.ones(lead), engine=ENGINE, path=path, **kwargs)
 
 
 def _workload(rng, op, mode, dtype, layout, ncx_shape):

@@ -343,8 +343,11 @@ MUTATIONS = [
                           "    if not _reads((x,), inputs)")],
              ["tests/test_bind.py"]),
     mutation("plan-signed-zero", "a plan made for epsilon 0.0 serves -0.0", [
-        (BN_SPEC, "if (key is not None and call.epsilon and call.momentum",
-         "if (key is not None")], ["tests/test_plans.py"]),
+        (BN_SPEC, "if (key is not None and call.epsilon and (call.momentum",
+         "if (key is not None and ((call.momentum")], ["tests/test_plans.py"]),
+    mutation("plan-signed-zero/momentum", "a plan made for momentum 0.0 serves -0.0", [
+        (BN_SPEC, "momentum.hex() if type(momentum) is float else momentum,", "momentum,")],
+             ["tests/test_plans.py", "-k", "signed_zero"]),
     mutation("epsilon-dropped/instance", "instance norm's per-plane fold leaves out epsilon", [
         (FOLD, "a64 = scale / math.sqrt(var + epsilon)", "a64 = scale / math.sqrt(var)")],
              INSTANCE),
@@ -1326,11 +1329,18 @@ MUTATIONS = [
                  ("normkernels/kernels/backward_small.py",
                   "r[c] = 1.0 / np.sqrt(v + epsilon) if is_var else v",
                   "r[c] = 1.0 / np.sqrt(v + epsilon)")], PLAN_TESTS),
-    mutation("plans/steps-r-ignores-inv-std", "the BN backward plan's steps take the given "
-             "inv_std for a variance", [
-                 (DIRECT, "                r = stats.astype(np.float64)\n",
-                  "                r = 1.0 / np.sqrt(stats.astype(np.float64) + epsilon)\n")],
-             PLAN_TESTS),
+    mutation("one-call/given-stats-first-view", "the one-call group backward reads every "
+             "channels-last sample's statistics from the first sample's", [
+                 ("normkernels/kernels/backward_small.py",
+                  "            mean[g] = given_mean[first + g]\n"
+                  "            r[g] = given_r[first + g]",
+                  "            mean[g] = given_mean[g]\n            r[g] = given_r[g]")],
+             ["tests/test_backward.py"]),
+    mutation("one-call/warm-without-given-stats", "the warm-up leaves out the one-call "
+             "group backward with given statistics (a later call compiles it)", [
+                 (GRADIENTS, "            for recomputed in (True, False):",
+                  "            for recomputed in (True,):")],
+             ["tests/test_compiles.py", "-k", "after_warmup and groupnorm-float32"]),
     mutation("plans/fused-training-sample-variance", "the fused training step divides M2 "
              "by count - 1", [
                  ("normkernels/kernels/training_small.py", "        var[c] = m2[c] / count[c]",

@@ -203,7 +203,7 @@ import normkernels as nk
 sys.path.insert(0, {tests!r})
 import test_compiles as tc
 from normkernels.operators import OPERATORS
-from normkernels.warm import DTYPES, _workload
+from normkernels.warm import _STATISTICS_BACKWARD, DTYPES, _workload
 
 name, dtype, layouts = {name!r}, {dtype!r}, {layouts!r}
 nk.warmup([name], [dtype], layouts)
@@ -232,6 +232,13 @@ for mode in op.modes:
                 except ValueError:  # written in place, and not through a view (QK-norm)
                     if not op.in_place:
                         raise
+                if mode == "backward" and op.backward in _STATISTICS_BACKWARD:
+                    C = op.channel_count(X, layout)
+                    kwargs = op.kwargs(mode, layout, C)
+                    lead = (X.shape[0], kwargs.get("num_groups", C))
+                    getattr(nk, op.backward)(*op.arguments(X, params, mode),
+                                             mean=np.zeros(lead), inv_std=np.ones(lead),
+                                             **kwargs)
             new = tc._new(before)
             if new:
                 compiled.append([mode, layout, list(shape), sorted(new)])

@@ -207,6 +207,21 @@ def test_signed_zero_epsilon(rng):
         assert_identical(Y[0, 0], want[0, 0].astype(np.float32))
 
 
+def test_signed_zero_momentum_has_a_plan_of_its_own(rng):
+    """A training call with momentum 0.0 (the PyTorch adapter's) leaves a plan, and a
+    call with -0.0 (an equal key but for the sign) is not served by it: each sign runs
+    the full path once and then its own plan, with the full path's bits."""
+    X = rng.normal(size=(2, 3, 4, 4)).astype(np.float32)
+    params = _params(rng, 3)
+    for i, momentum in enumerate((0.0, 0.0, -0.0, -0.0)):
+        got = nk.batch_normalization(X, *params, training_mode=1, momentum=momentum)
+        want = _spec_call(bn_spec, "batch_normalization")(X, *params, training_mode=1,
+                                                          momentum=momentum)
+        for a, b in zip(got, want, strict=True):
+            assert_identical(a, b)
+        assert len(plans.stored_keys()) == 1 + (i >= 2), i
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_read_only_out_after_a_plan(rng, op):
     params = _params(rng, 5)
@@ -686,8 +701,8 @@ TRAINING_CASES = {
 @pytest.mark.parametrize("fused", [False, True], ids=["steps", "fused"])
 @pytest.mark.parametrize("name", sorted(TRAINING_CASES))
 def test_training_and_backward_plans_give_the_full_paths_bits(rng, name, fused):
-    """A training or backward call served by its plan (step by step, or by the fused
-    one-call kernel of a backward plan) gives the bits of the full path at the serial
+    """A training or backward call served by its plan (a training plan step by step,
+    or by its fused one-call kernel) gives the bits of the full path at the serial
     path, on the routes the table's workloads do not reach: one channel, saved
     statistics, inv_std given, short planes in many rows, channels-last samples,
     16-bit dtypes, a broadcast scale, rows above the serial size, Lp over a middle axis."""
@@ -719,17 +734,18 @@ def test_backward_plan_hands_unaligned_arrays_to_the_full_path(rng):
         assert_identical(a, b)
 
 
-def test_backward_plans_fuse_after_their_count(rng, monkeypatch):
-    """A backward plan serves FUSE_AFTER calls step by step, then the fused kernel; the
+def test_training_plans_fuse_after_their_count(rng, monkeypatch):
+    """A training plan serves FUSE_AFTER calls step by step, then the fused kernel; the
     bits never change."""
     from normkernels.ops import training_plans
 
     monkeypatch.setattr(training_plans, "FUSE_AFTER", 3)
-    X, dY, scale, _, _ = _channel(rng, (2, 6, 5, 7), 6)
-    want = _backward_spec("group_normalization_backward")(dY, X, scale, num_groups=3)
+    X = rng.normal(5, 2, (2, 6, 5, 7)).astype(np.float32)
+    args = (X, *_params(rng, 6))
+    want = _spec_call(bn_spec, "batch_normalization")(*args, training_mode=1)
     for i in range(6):
-        got = nk.group_normalization_backward(dY, X, scale, num_groups=3)
-        for a, b in zip(got, want, strict=True):
+        got = nk.batch_normalization(*args, training_mode=1)
+        for a, b in zip(_outputs(got), _outputs(want), strict=True):
             assert_identical(a, b)
         plan = plans.get(plans.stored_keys()[0])
         assert (plan.fuse is None) == (i >= 4), i  # 0 made the plan, 1-3 stepped, 4 fused

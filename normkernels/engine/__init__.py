@@ -153,6 +153,31 @@ class Engine:
                 k = k + np.where(np.isfinite(m), b * (m.astype(np.float64) - mu), 0.0)
             return m, (gamma * rp).astype(cd), b.astype(cd), k.astype(cd), rp * sum_dyx
 
+    def channel_backward(self, x, dy, dx, C, S, scale, mean, stats, is_var, epsilon,
+                         path=None):
+        """BatchNormalization's training backward in one call: :meth:`channel_grad_sums`
+        around ``mean``, :meth:`group_coefficients` with a group a channel (``r`` from
+        ``stats``: the variance with ``epsilon``, or with ``is_var`` False ``r``
+        itself) and :meth:`grad_apply`, with their bits; returns float64 ``(dscale,
+        dB)``, or None where the caller runs those steps itself (here: always)."""
+        return None
+
+    def group_backward(self, x, dy, dx, views, planes, S, group, C, scale, epsilon,
+                       given=None, path=None):
+        """The instance/group backward in one call, over ``views`` equal views of ``x``
+        (channels-first memory: one; channels-last: a view a sample) of ``planes``
+        planes of ``S`` (``S`` 1: rows of ``planes`` columns), ``group`` planes a group,
+        ``scale`` per channel (``C``): per view the statistics (``given``: float64
+        ``(mean, r)`` per (view, group); else recomputed by :meth:`group_grad_sums`),
+        :meth:`group_coefficients`, the parameter gradients added view by view, and
+        :meth:`grad_apply`, with the bits of those steps; returns float64 ``(dscale,
+        dB)``, or None where the caller runs the steps itself (here: always)."""
+        return None
+
+    def warm_backward(self, dtype):
+        """Compile (or load) what :meth:`channel_backward` and :meth:`group_backward` can
+        run for X of ``dtype`` (here: nothing)."""
+
     def grad_apply(self, x, dy, dx, C, S, m, a, b, k, path=None):
         """``dx = dy * a[c] + (x - m[c]) * b[c] + k[c]`` in the compute dtype, rounded
         once to dx's dtype; ``dx`` may be ``dy`` or ``x``."""

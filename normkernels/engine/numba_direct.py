@@ -14,15 +14,16 @@ decided once. Kernels whose arguments are arrays and numbers are called through 
 dispatchers (typing them costs about 0.1 us an array); a kernel that takes an
 activation marker or None is called through its compiled entry point (typing those
 costs 2 us), with arrays its caller guarantees aligned and writeable (storage views).
-The training and backward steps also have a fused form (``fused=True``): the same
-kernels composed into one compiled call (:mod:`normkernels.kernels.backward_small`,
-:mod:`normkernels.kernels.training_small`), which a plan switches to after
-``training_plans.FUSE_AFTER`` calls.
+The training step also has a fused form (``fused=True``): the same kernels composed
+into one compiled call (:mod:`normkernels.kernels.training_small`), which a plan
+switches to after ``training_plans.FUSE_AFTER`` calls. The backward steps are the
+engine's own one-call kernels (:mod:`normkernels.kernels.backward_small`, the full
+path's compiled function, called through its entry point).
 """
 
 import numpy as np
 
-from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
+from normkernels.dtypes import FLOAT64, compute_dtype
 from normkernels.engine import policy
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import entry_point
@@ -53,6 +54,15 @@ def _entry(kernel, entry, args):
     if not entry:
         entry.append(entry_point(kernel, args))
     return entry[0]
+
+
+_NO_STATS = np.empty(0)  # given_mean and given_r of a group backward that recomputes
+
+
+def _float64(v):
+    """Parameters as the engine's one-call backward passes them (flat float64: one
+    compiled type for every parameter dtype)."""
+    return np.ascontiguousarray(v, np.float64).reshape(-1)
 
 
 def _tag(planes):
@@ -179,79 +189,6 @@ class DirectSteps:
             return mean, var
         return run
 
-    def direct_grad_sums(self, C, S, size):
-        """``run(xs, dys, mean) -> (sum_dy, sum_dyx)``: :meth:`channel_grad_sums` of
-        ``size`` elements on the serial path."""
-        if not _serial(size):
-            return None
-        if backward_sums.sums_by_planes(C, S, size // (C * S)):
-            parts = size // S * -(-S // backward_sums.PLANE_CHUNK)
-            kernel, merge = backward_sums.plane_sums_serial, backward_sums.merge_plane_sums
-
-            def run(xs, dys, mean):
-                total1, total2 = np.empty(C), np.empty(C)
-                part1, part2 = np.empty(parts), np.empty(parts)
-                kernel(xs, dys, C, S, mean, part1, part2)
-                merge(part1, part2, C, S, total1, total2)
-                return total1, total2
-            return run
-        P = C * S
-        rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
-        blocks = -(-(size // P) // rows)
-        kernel, merge = backward_sums.row_sums_serial, backward_sums.merge_row_sums
-
-        def run(xs, dys, mean):
-            total1, total2 = np.empty(C), np.empty(C)
-            part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
-            kernel(xs, dys, P, rows, np.repeat(mean, S), part1, part2)
-            merge(part1, part2, C, S, total1, total2)
-            return total1, total2
-        return run
-
-    def direct_group_sums(self, planes, S, group, size):
-        """``run(xs, dys) -> (count, mean, m2, sum_dy, sum_dyx)``: :meth:`group_grad_sums`
-        of ``size`` elements on the serial path: ``planes`` planes of ``S`` (channels-first
-        memory) or, with ``S`` 1, rows of ``planes`` columns (a channels-last sample)."""
-        if not _serial(size):
-            return None
-        n_rows = size // planes
-        groups = planes // group
-        if S == 1 and n_rows > 1:  # rows of the planes (columns)
-            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // planes)
-            shape, sizes, args = (-(-n_rows // rows), planes), (rows, n_rows), (planes, rows)
-            kernel = backward_sums.row_moment_sums_serial
-            merge = backward_sums.merge_row_group_sums
-        else:
-            shape, sizes, args = planes * -(-S // reductions.PLANE_CHUNK), (S,), (S,)
-            kernel = backward_sums.plane_moment_sums_serial
-            merge = backward_sums.merge_group_sums
-
-        def run(xs, dys):
-            part = [np.empty(shape) for _ in range(4)]
-            count, mean, m2 = np.empty(groups), np.empty(groups), np.empty(groups)
-            total1, total2 = np.empty(planes), np.empty(planes)
-            kernel(xs, dys, *args, *part)
-            merge(*part, *sizes, group, count, mean, m2, total1, total2)
-            return count, mean, m2, total1, total2
-        return run
-
-    def direct_grad_apply(self, C, S, size):
-        """``run(xs, dys, dxs, m, a, b, k)``: :meth:`grad_apply` of ``size`` elements
-        on the serial path."""
-        if not _serial(size):
-            return None
-        if backward_sums.by_planes(S, size // (C * S)):
-            kernel = backward_dx.apply_planes_serial
-            return lambda xs, dys, dxs, m, a, b, k: kernel(xs, dys, dxs, C, S, m, a, b, k)
-        P = C * S
-        rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
-        kernel = backward_dx.apply_rows_serial
-
-        def run(xs, dys, dxs, m, a, b, k):
-            kernel(xs, dys, dxs, P, rows, np.repeat(m, S), np.repeat(a, S), np.repeat(b, S),
-                   np.repeat(k, S))
-        return run
-
     def direct_rows_backward(self, M, K, centered, epsilon):
         """``run(xs, dys, dxs, gamma) -> (dgamma, dbeta)``: :meth:`rows_backward` of
         ``M`` rows of ``K`` (flat storage views; float64 ``gamma`` of ``K``), the
@@ -270,106 +207,46 @@ class DirectSteps:
             return part_g.sum(axis=0), part_b.sum(axis=0)
         return run
 
-    def direct_channel_backward(self, C, S, size, dtype, fused=False):
+    def direct_channel_backward(self, C, S, size, dtype):
         """``run(xs, dys, dxs, scale, mean, stats, is_var, epsilon) -> (dscale, dB)``:
-        BatchNormalization's training backward as the engine's ``channel_grad_sums``,
-        ``group_coefficients`` (a channel a group) and ``grad_apply`` run it on the
-        serial path (flat storage views of X, dY, dX; the parameters as given, ``C``
-        values each; float64 dscale and dB). ``fused``: in one compiled call
-        (:func:`normkernels.kernels.backward_small.channel_backward`, compiled at its
-        first run), else step by step (no kernel of its own)."""
+        BatchNormalization's training backward as the engine's :meth:`channel_backward`
+        runs it on the serial path, the same compiled call (flat storage views of X, dY,
+        dX; the parameters as given, ``C`` values each, read as float64 as the engine
+        passes them; float64 dscale and dB)."""
         if not _serial(size):
             return None
         n_rows = size // (C * S)
         cd = compute_dtype(dtype)
-        if fused:
-            flags = (_tag(backward_sums.sums_by_planes(C, S, n_rows)),
-                     _tag(backward_sums.by_planes(S, n_rows)))
-            residual, like, kernel = cd != FLOAT64, np.empty(0, cd), small.channel_backward
+        tags = (_tag(backward_sums.sums_by_planes(C, S, n_rows)),
+                _tag(backward_sums.by_planes(S, n_rows)), small.SERIAL)
+        residual, like, kernel, entry = cd != FLOAT64, np.empty(0, cd), small.channel_backward, []
 
-            def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
-                dscale, dB = np.empty(C), np.empty(C)
-                args = (xs, dys, dxs, C, S, storage_view(scale), storage_view(mean),
-                        storage_view(stats), is_var, epsilon, *flags, residual, like, dscale,
-                        dB)
-                _entry(kernel, entry, args)(*args)
-                return dscale, dB
-            entry = []
-            return run
-        sums = self.direct_grad_sums(C, S, size)
-        coefficients = self.direct_coefficients(C, 1, dtype)
-        apply = self.direct_grad_apply(C, S, size)
-        counts = np.full(C, float(size // C))
+        def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
+            dscale, dB = np.empty(C), np.empty(C)
+            args = (xs, dys, dxs, C, S, _float64(scale), _float64(mean), _float64(stats),
+                    is_var, epsilon, *tags, residual, like, dscale, dB)
+            _entry(kernel, entry, args)(*args)
+            return dscale, dB
+        return run
 
-        def steps(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
-            mean64 = mean.astype(np.float64)
-            if is_var:
-                with np.errstate(all="ignore"):
-                    r = 1.0 / np.sqrt(stats.astype(np.float64) + epsilon)
-            else:
-                r = stats.astype(np.float64)
-            sum_dy, sum_dyx = sums(xs, dys, mean64)
-            m, a, b, k, dscale = coefficients(scale.astype(np.float64), mean64, r, sum_dy,
-                                              sum_dyx, counts)
-            apply(xs, dys, dxs, m, a, b, k)
-            return dscale, sum_dy
-        return steps
-
-    def direct_group_backward(self, views, planes, S, group, C, size, dtype, fused=False):
+    def direct_group_backward(self, views, planes, S, group, C, size, dtype):
         """``run(xs, dys, dxs, scale, epsilon) -> (dscale, dB)``: the instance/group
-        backward with its statistics recomputed as the engine's ``group_grad_sums``,
-        ``group_coefficients`` and ``grad_apply`` run it, view by view, on the serial path
-        (``views`` views of ``planes`` planes of ``S``, or with ``S`` 1 rows of
-        ``planes`` columns; ``group`` planes a group, ``C`` channels; ``scale`` as
-        given). ``fused``: in one compiled call
-        (:func:`normkernels.kernels.backward_small.group_backward`), else step by step."""
+        backward with its statistics recomputed as the engine's :meth:`group_backward`
+        runs it on the serial path, the same compiled call (``views`` views of
+        ``planes`` planes of ``S``, or with ``S`` 1 rows of ``planes`` columns; ``group``
+        planes a group, ``C`` channels; ``scale`` as given)."""
         if not _serial(size):
             return None
-        view = size // views
+        n_rows = size // views // planes
         cd = compute_dtype(dtype)
-        if fused:
-            flags = (_tag(not (S == 1 and view // planes > 1)),
-                     _tag(backward_sums.by_planes(S, view // planes)))
-            residual, like, kernel = cd != FLOAT64, np.empty(0, cd), small.group_backward
+        tags = (small.RECOMPUTED, _tag(not (S == 1 and n_rows > 1)),
+                _tag(backward_sums.by_planes(S, n_rows)), small.SERIAL)
+        residual, like, kernel, entry = cd != FLOAT64, np.empty(0, cd), small.group_backward, []
 
-            def run(xs, dys, dxs, scale, epsilon):
-                dscale, dB = np.empty(C), np.empty(C)
-                args = (xs, dys, dxs, views, planes, S, group, C, storage_view(scale), epsilon,
-                        *flags, residual, like, dscale, dB)
-                _entry(kernel, entry, args)(*args)
-                return dscale, dB
-            entry = []
-            return run
-        sums = self.direct_group_sums(planes, S, group, view)
-        coefficients = self.direct_coefficients(planes, group, dtype)
-        apply = self.direct_grad_apply(planes, S, view)
-
-        def steps(xs, dys, dxs, scale, epsilon):
-            gamma = np.tile(scale.astype(np.float64), planes // C)
-            dscale, dB = np.zeros(C), np.zeros(C)  # as the full path adds them up
-            for lo in range(0, size, view):
-                xv, dyv, dxv = xs[lo:lo + view], dys[lo:lo + view], dxs[lo:lo + view]
-                count, gmean, gm2, sum_dy, sum_dyx = sums(xv, dyv)
-                with np.errstate(all="ignore"):
-                    r = 1.0 / np.sqrt(gm2 / count + epsilon)
-                m, a, b, k, terms = coefficients(gamma, gmean, r, sum_dy, sum_dyx, count)
-                dscale += np.cumsum(terms.reshape(-1, C), axis=0)[-1]
-                dB += np.cumsum(sum_dy.reshape(-1, C), axis=0)[-1]
-                apply(xv, dyv, dxv, m, a, b, k)
+        def run(xs, dys, dxs, scale, epsilon):
+            dscale, dB = np.empty(C), np.empty(C)
+            args = (xs, dys, dxs, views, planes, S, group, C, _float64(scale), epsilon,
+                    _NO_STATS, _NO_STATS, *tags, residual, like, dscale, dB)
+            _entry(kernel, entry, args)(*args)
             return dscale, dB
-        return steps
-
-    def direct_coefficients(self, planes, Cg, dtype):
-        """``run(gamma, gmean, r, sum_dy, sum_dyx, counts) -> (m, a, b, k, terms)``:
-        :meth:`group_coefficients` over C-contiguous writeable float64 vectors
-        (``counts``: the float64 element count of each group)."""
-        cd = compute_dtype(dtype)
-        residual = cd != FLOAT64
-        kernel = backward_dx.group_coefficients
-
-        def run(gamma, gmean, r, sum_dy, sum_dyx, counts):
-            m, a, b, k = (np.empty(planes, cd) for _ in range(4))
-            terms = np.empty(planes)
-            kernel(gamma, gmean, r, sum_dy, sum_dyx, Cg, counts, residual, m, a, b, k, terms)
-            return m, a, b, k, terms
         return run

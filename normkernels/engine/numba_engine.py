@@ -362,7 +362,7 @@ class NumbaEngine(BoundCalls, DirectSteps, EpilogueGradientLoops, GatedLoops, Qu
     def group_grad_sums(self, x, dy, planes, S, group, path=None):
         n_rows = x.size // planes
         if S == 1 and n_rows > 1:  # a channels-last sample: rows of the planes (columns)
-            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // planes)
+            rows = backward_sums.block_rows(n_rows, planes)
             route, shape, sizes = "fused-rows", (-(-n_rows // rows), planes), (rows, n_rows)
             kernels = (backward_sums.row_moment_sums, backward_sums.row_moment_sums_serial,
                        backward_sums.merge_row_group_sums)
@@ -398,7 +398,7 @@ class NumbaEngine(BoundCalls, DirectSteps, EpilogueGradientLoops, GatedLoops, Qu
             else:
                 took("grad_apply", "rows", path)
                 P = C * S
-                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
+                rows = backward_sums.block_rows(xs.size // P, P)
                 if path == "streaming":  # tables wrapped by a vector's lanes
                     lanes = VECTOR_BYTES // dxs.itemsize
                     tables = [np.resize(np.repeat(v, S), P + lanes) for v in (m, a, b, k)]

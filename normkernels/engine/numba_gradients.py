@@ -6,6 +6,8 @@ coefficients (one compiled call). Routes (``policy.took``):
 or parallel (:func:`normkernels.engine.numba_gated.launch`: none has a streaming loop,
 the streaming path runs the parallel kernel)."""
 
+import itertools
+
 import numpy as np
 
 from normkernels.dtypes import FLOAT64, compute_dtype, storage_view
@@ -23,6 +25,30 @@ epilogue_grad = lazy(__name__, "epilogue_grad")
 backward_dx = lazy(__name__, "backward_dx")
 skip_kernels = lazy(__name__, "skip_kernels", "skip_sums")
 backward_sums = lazy(__name__, "backward_sums")
+small = lazy(__name__, "small", "backward_small")
+
+
+def _fused_path(dxs, path):
+    """The threads tag of a one-call backward, None for the streaming path (whose dX
+    loop the one-call kernels do not have: the caller runs the steps)."""
+    path = policy.resolve_path(dxs, path, arrays=3)  # X and dY read, dX written
+    if path == "streaming":
+        return None, path
+    return (small.SERIAL if path == "serial" else small.PARALLEL), path
+
+
+_NO_STATS = np.empty(0)  # given mean and r of a group backward that recomputes them
+
+
+def _table(v):
+    """A parameter as flat float64 (its values exactly): one kernel type whatever the
+    caller's dtype and flags."""
+    return np.ascontiguousarray(v, np.float64).reshape(-1)
+
+
+def _tags(routes):
+    """``backward_small``'s route tags of booleans (True: PLANES, SERIAL, RECOMPUTED)."""
+    return [small.PLANES if r else small.ROWS for r in routes]
 
 
 class EpilogueGradientLoops:
@@ -59,6 +85,70 @@ class EpilogueGradientLoops:
         backward_dx.group_coefficients(*f64, int(Cg), counts, cd != FLOAT64, m, a, b, k, terms)
         return m, a, b, k, terms
 
+
+    def channel_backward(self, x, dy, dx, C, S, scale, mean, stats, is_var, epsilon,
+                         path=None):
+        xs, dys = storage_view(x.ravel()), storage_view(dy.ravel())
+        dxs = storage_view(dx.ravel())
+        par, path = _fused_path(dxs, path)
+        if par is None:
+            return None
+        n_rows = xs.size // (C * S)
+        sums, apply = (backward_sums.sums_by_planes(C, S, n_rows),
+                       backward_sums.by_planes(S, n_rows))
+        took("grad_sums", "planes" if sums else "rows", path)
+        took("grad_apply", "planes" if apply else "rows", path)
+        cd = compute_dtype(x.dtype)
+        dscale, dB = np.empty(C), np.empty(C)
+        with launch_guard(path):
+            small.channel_backward(
+                xs, dys, dxs, C, S, _table(scale), _table(mean), _table(stats), bool(is_var),
+                float(epsilon), *_tags((sums, apply)), par, cd != FLOAT64, np.empty(0, cd),
+                dscale, dB)
+        return dscale, dB
+
+    def group_backward(self, x, dy, dx, views, planes, S, group, C, scale, epsilon,
+                       given=None, path=None):
+        xs, dys = storage_view(x.ravel()), storage_view(dy.ravel())
+        dxs = storage_view(dx.ravel())
+        par, path = _fused_path(dxs, path)
+        if par is None:
+            return None
+        n_rows = xs.size // views // (planes * S)
+        if given is None:  # the one reduction: rows for a channels-last sample
+            sums = not (S == 1 and n_rows > 1)
+            took("grad_sums", "fused-planes" if sums else "fused-rows", path)
+            stats, mean, r = small.RECOMPUTED, _NO_STATS, _NO_STATS
+        else:
+            sums = backward_sums.sums_by_planes(planes, S, n_rows)
+            took("grad_sums", "planes" if sums else "rows", path)
+            stats = small.GIVEN
+            mean, r = (np.ascontiguousarray(v, np.float64).ravel() for v in given)
+        apply = backward_sums.by_planes(S, n_rows)
+        took("grad_apply", "planes" if apply else "rows", path)
+        cd = compute_dtype(x.dtype)
+        dscale, dB = np.empty(C), np.empty(C)
+        with launch_guard(path):
+            small.group_backward(
+                xs, dys, dxs, views, planes, S, group, C, _table(scale), float(epsilon), mean,
+                r, stats, *_tags((sums, apply)), par, cd != FLOAT64, np.empty(0, cd), dscale, dB)
+        return dscale, dB
+
+    def warm_backward(self, dtype):
+        """Compile (or load) every route of the one-call backward kernels for X of
+        ``dtype``: each combination of tags is its own compiled function, and which a
+        call takes depends on its shape (a server must not compile after its warm-up)."""
+        x = np.zeros(16, dtype)
+        xs, cd = storage_view(x), compute_dtype(dtype)
+        out, like, ones = np.empty_like(xs), np.empty(0, cd), np.ones(4)
+        for sums, apply, par in itertools.product((True, False), repeat=3):
+            tags = (*_tags((sums, apply)), _tags((par,))[0])
+            small.channel_backward(xs, xs, out, 4, 4, ones, ones, ones, True, 1e-5, *tags,
+                                   cd != FLOAT64, like, np.empty(4), np.empty(4))
+            for recomputed in (True, False):
+                small.group_backward(xs, xs, out, 1, 4, 4, 2, 4, ones, 1e-5, ones[:2],
+                                     ones[:2], *_tags((recomputed,)), *tags, cd != FLOAT64,
+                                     like, np.empty(4), np.empty(4))
 
     def _epilogue_args(self, x, xs, S, ep, rows):
         """The fused kernels' epilogue arguments: ``(act, mask, res, zm, za, zb, like)``,
@@ -104,7 +194,7 @@ class EpilogueGradientLoops:
             else:
                 took("epilogue_apply", "rows", path)
                 P = C * S
-                rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
+                rows = backward_sums.block_rows(xs.size // P, P)
                 tables = [np.repeat(v, S) for v in (m, a, b, k)]
                 kernel_for(epilogue_grad.apply_rows, epilogue_grad.apply_rows_serial, path)(
                     xs, dys, dxs, drs, P, rows, *tables, *args)
@@ -128,7 +218,7 @@ def grad_sums(route, kernels, xs, dys, C, S, mean, path, extra=()):
         else:
             took(route, "rows", path)
             P = C * S
-            rows = max(1, backward_sums.ROW_BLOCK_ELEMENTS // P)
+            rows = backward_sums.block_rows(xs.size // P, P)
             blocks = -(-(xs.size // P) // rows)
             part1, part2 = np.empty((blocks, P)), np.empty((blocks, P))
             kernel_for(kernels.row_sums, kernels.row_sums_serial, path)(

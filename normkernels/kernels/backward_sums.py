@@ -24,6 +24,7 @@ group normalization, reading X and dY once.
 
 import numpy as np
 from numba import njit, prange
+from numba.extending import register_jitable
 
 import normkernels.kernels.cache  # noqa: F401  (registers the cache locators before any @njit)
 from normkernels.kernels.cache import serial_twin
@@ -178,6 +179,19 @@ def merge_group_sums(part_mean, part_m2, part1, part2, S, group, count, mean, m2
                 t2 += part2[k] - (mu - part_mean[k]) * part1[k]
             total1[p] = t1
             total2[p] = t2
+
+
+@register_jitable
+def block_rows(n_rows, P):
+    """Rows per block of the rows loops (work items, and partials merged in order):
+    blocks of at most about ROW_BLOCK_ELEMENTS, an even number of them when more than
+    one, of equal size but the last. By the shape alone, so the bits do not depend on
+    the thread count; even for two threads: (64, 1280) as 51 + 13 rows took 34 us a
+    reduction on 2 threads, as 32 + 32 rows 25 us (docs/design.md)."""
+    blocks = -(-(n_rows * P) // ROW_BLOCK_ELEMENTS)
+    if blocks > 1:
+        blocks += blocks % 2
+    return max(1, -(-n_rows // max(1, blocks)))
 
 
 GRAD_PREFETCH_BYTES = 8192  # row_sums: how far ahead it asks for rows of X and dY

@@ -134,6 +134,28 @@ def _target(x, dy, out, order, X, dY):
     return np.empty_like(x)
 
 
+def _channel_steps(engine, x, dy, dx, dres, C, S, scale, mean64, r, ep, training, path):
+    """BatchNormalization's backward step by step: the per-channel sums (through the
+    epilogue ``ep``), the coefficients, the dX pass; float64 ``(dscale, dB)``."""
+    dz = None if ep is None or not training else _epilogue.kept(ep, x, dx, dres)
+    if ep is None:
+        sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
+    else:
+        sum_dy, sum_dyx = engine.epilogue_grad_sums(x, dy, C, S, mean64, ep, path, out=dz)
+    coefficients, dscale, dB = fold(engine, scale.astype(np.float64), mean64, r, sum_dy,
+                                    sum_dyx, x.size // C, training, x.dtype)
+    if training and (ep is None or dz is not None):  # dY, or the dZ the reduction wrote
+        engine.grad_apply(x, dy if dz is None else dz, dx, C, S, *coefficients, path)
+    elif training:
+        engine.epilogue_grad_apply(x, dy, dx, dres, C, S, *coefficients, ep, path)
+    elif ep is None:  # dX = dY * scale * r does not read X: a NaN or inf in X stays out of dX
+        m, a, _, _ = coefficients
+        engine.scale_shift(dy, dx, C, S, np.zeros_like(m), a, np.zeros_like(a), path)
+    else:
+        _epilogue.scaled_grad(engine, x, dy, dx, dres, C, S, coefficients[1], ep, path)
+    return dscale, dB
+
+
 def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, epsilon=1e-5,
                                  training=True, data_format="NCX", out=None, activation=None,
                                  Y=None, B=None, add=None, engine, path=None):
@@ -182,22 +204,14 @@ def batch_normalization_backward(dY, X, scale, mean, var=None, *, inv_std=None, 
         ep = _epilogue.prepare(act, Y, res, order, coefficients)
         dres = _epilogue.residual_target(res, x)
     dx = _target(x, dy, out, order, X, dY)
-    dz = None if ep is None or not training else _epilogue.kept(ep, x, dx, dres)
-    if ep is None:
-        sum_dy, sum_dyx = engine.channel_grad_sums(x, dy, C, S, mean64, path)
-    else:
-        sum_dy, sum_dyx = engine.epilogue_grad_sums(x, dy, C, S, mean64, ep, path, out=dz)
-    coefficients, dscale, dB = fold(engine, params["scale"].astype(np.float64), mean64, r,
-                                    sum_dy, sum_dyx, X.size // C, bool(training), X.dtype)
-    if training and (ep is None or dz is not None):  # dY, or the dZ the reduction wrote
-        engine.grad_apply(x, dy if dz is None else dz, dx, C, S, *coefficients, path)
-    elif training:
-        engine.epilogue_grad_apply(x, dy, dx, dres, C, S, *coefficients, ep, path)
-    elif ep is None:  # dX = dY * scale * r does not read X: a NaN or inf in X stays out of dX
-        m, a, _, _ = coefficients
-        engine.scale_shift(dy, dx, C, S, np.zeros_like(m), a, np.zeros_like(a), path)
-    else:
-        _epilogue.scaled_grad(engine, x, dy, dx, dres, C, S, coefficients[1], ep, path)
+    fused = None
+    if ep is None and training:  # the steps of _channel_steps in one call, where it can
+        stats = params.get("var")
+        fused = engine.channel_backward(x, dy, dx, C, S, params["scale"], params["mean"],
+                                        params["inv_std"] if stats is None else stats,
+                                        stats is not None, epsilon, path)
+    dscale, dB = fused or _channel_steps(engine, x, dy, dx, dres, C, S, params["scale"],
+                                         mean64, r, ep, bool(training), path)
     grads = _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
     if (key is not None and training is True and epsilon
             and plans.plain(given, [dY, X, *params.values()])):
@@ -288,7 +302,13 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     dscale, dB = np.zeros(C), np.zeros(C)
     partials = []  # per_sample: each view's (dscale, dB) per (n, c)
     M = Cg * spatial
-    for i, (xv, dyv, dxv, epv, dresv) in enumerate(views):
+    fused = None
+    if ep is None and not per_sample:  # the loop below in one call, where the engine can
+        fused = engine.group_backward(x, dy, dx, len(views), planes, per, Cg, C,
+                                      params["scale"], eps, given, path)
+        if fused is not None:
+            dscale, dB = fused
+    for i, (xv, dyv, dxv, epv, dresv) in enumerate(views if fused is None else ()):
         if per_sample:
             gamma = gammas[i]
         rows = slice(None) if len(views) == 1 else slice(i, i + 1)

@@ -200,7 +200,11 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
     key = given = None
     if path is None and activation is None and add is None:  # an earlier call's plan
         try:
-            key = (OP, engine, opset, epsilon, momentum, training_mode, is_test, spatial,
+            # momentum.hex(): a zero momentum (the PyTorch adapter's) keeps its sign in
+            # the key (-0.0 == 0.0, but their running outputs' zeros differ)
+            key = (OP, engine, opset, epsilon,
+                   momentum.hex() if type(momentum) is float else momentum,
+                   training_mode, is_test, spatial,
                    consumed_inputs, num_outputs, saved_var, data_format, type(opset),
                    type(epsilon), type(momentum), type(training_mode), type(is_test),
                    type(spatial), type(consumed_inputs), type(num_outputs), type(saved_var),
@@ -246,7 +250,7 @@ def batch_normalization(X, scale, B, input_mean, input_var, *, epsilon=None, mom
         return _non_spatial(call, X, arrays, out)
     common.check_channel_params(call.label, common.channel_count(X, data_format), arrays)
     Y = _run(call, X, arrays, data_format, out)
-    if (key is not None and call.epsilon and call.momentum
+    if (key is not None and call.epsilon and (call.momentum or type(momentum) is float)
             and plans.plain(given, (X, *arrays.values()))):
         plans.add(key, _plan(call, X, arrays, data_format, out))
     return Y

@@ -7,7 +7,8 @@ depended on: the operator and engine, every attribute with its type (``1`` and
 array's type, shape, strides and dtype, plus whether ``out`` is absent, X itself
 or another array. Plans are made only for calls whose arrays are exactly ndarrays in
 native byte order, and never for a zero float attribute (``-0.0`` and ``0.0`` are
-equal keys but not equal epsilons). The first call runs the full checks and, when they pass,
+equal keys but not equal epsilons) unless the key holds its ``float.hex()``
+(BatchNormalization's momentum). The first call runs the full checks and, when they pass,
 stores a plan; a later call with an equal key runs the plan, which repeats only the
 checks that depend on more than the key (``out`` writeable, memory shared with an
 input) and hands anything unusual back to the full path (returns None).

@@ -9,8 +9,10 @@ kernels of the engine's own methods at that size, so a planned call gives the fu
 path's bits) and runs them in the order the full path does. The plan is made only
 where every step has a direct form (a serial size, an engine that has them; the rows
 backward calls the engine above it); else there is none (BatchNormalization's
-training keeps its checked plan, :class:`normkernels.ops.plans.Checked`). A backward
-plan switches to its one-call kernel after ``FUSE_AFTER`` calls (see there).
+training keeps its checked plan, :class:`normkernels.ops.plans.Checked`). A training
+plan switches to its one-call kernel after ``FUSE_AFTER`` calls (see there); the
+BatchNormalization, instance and group backward plans run the full path's one-call
+kernel from their first call (the full path compiled it).
 
 A planned call checks again what its key does not prove: ``out`` writeable and apart
 from the inputs, and the arrays aligned (the kernels' entry points were compiled for
@@ -34,8 +36,8 @@ def aligned(*arrays):
     return True
 
 
-# Planned calls a training or backward plan serves step by step before it compiles its
-# one-call kernel (kernels/backward_small.py, training_small.py): a second or tenth
+# Planned calls a training plan serves step by step before it compiles its
+# one-call kernel (kernels/training_small.py): a second or tenth
 # call does not pay the compile (about a second per dtype on an empty cache;
 # milliseconds from the disk cache), a training loop's small layers do from the
 # FUSE_AFTER-th on (the warm-up compiles it: fusing()). The two give the same bits.
@@ -151,16 +153,16 @@ def channel_key(label, engine, epsilon, training, data_format, dY, X, scale, mea
     return key
 
 
-class ChannelBackward(_Fusing):
+class ChannelBackward(NamedTuple):
     """BatchNormalization's training backward of X with one memory layout: the engine's
-    direct step (the reduction, the coefficients and the dX pass), dscale and dB in the
-    parameters' dtype."""
+    direct step (the full path's one-call kernel), dscale and dB in the parameters'
+    dtype."""
 
-    __slots__ = ("C", "epsilon", "order", "pdtype")
-
-    def __init__(self, epsilon, order, C, pdtype, run, fuse):
-        super().__init__(run, fuse)
-        self.epsilon, self.order, self.C, self.pdtype = epsilon, order, C, pdtype
+    epsilon: float
+    order: tuple
+    C: int
+    pdtype: object
+    run: object  # engine.direct_channel_backward
 
     def __call__(self, dY, X, scale, mean, var, inv_std, out):
         stats, C = var if inv_std is None else inv_std, self.C
@@ -168,8 +170,8 @@ class ChannelBackward(_Fusing):
         if views is None:
             return None
         dX, xs, dys, dxs = views
-        dscale, dB = self.current()(xs, dys, dxs, scale.reshape(C), mean.reshape(C),
-                                    stats.reshape(C), inv_std is None, self.epsilon)
+        dscale, dB = self.run(xs, dys, dxs, scale.reshape(C), mean.reshape(C),
+                              stats.reshape(C), inv_std is None, self.epsilon)
         return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
 
 
@@ -182,10 +184,7 @@ def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
     order, S = found
     C = common.channel_count(X, data_format)
     run = engine.direct_channel_backward(C, S, X.size, X.dtype)
-    if run is None:
-        return None
-    return ChannelBackward(float(epsilon), order, C, scale.dtype, run,
-                           lambda: engine.direct_channel_backward(C, S, X.size, X.dtype, True))
+    return None if run is None else ChannelBackward(float(epsilon), order, C, scale.dtype, run)
 
 
 def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, out):
@@ -199,24 +198,24 @@ def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, out
         return None
 
 
-class GroupBackward(_Fusing):
+class GroupBackward(NamedTuple):
     """The instance and group normalization backward of X with one memory layout, the
-    statistics recomputed: the engine's direct step (per view, the whole tensor in
-    channels-first memory or each sample in channels-last memory as the full path runs
-    them: the one reduction, the coefficients, the dX pass)."""
+    statistics recomputed: the engine's direct step (the full path's one-call kernel:
+    per view, the whole tensor in channels-first memory or each sample in channels-last
+    memory, the one reduction, the coefficients, the dX pass)."""
 
-    __slots__ = ("C", "epsilon", "order", "pdtype")
-
-    def __init__(self, epsilon, order, C, pdtype, run, fuse):
-        super().__init__(run, fuse)
-        self.epsilon, self.order, self.C, self.pdtype = epsilon, order, C, pdtype
+    epsilon: float
+    order: tuple
+    C: int
+    pdtype: object
+    run: object  # engine.direct_group_backward
 
     def __call__(self, dY, X, scale, out):
         views = _gradient_views(X, dY, out, self.order, (scale,))
         if views is None:
             return None
         dX, xs, dys, dxs = views
-        dscale, dB = self.current()(xs, dys, dxs, scale.reshape(self.C), self.epsilon)
+        dscale, dB = self.run(xs, dys, dxs, scale.reshape(self.C), self.epsilon)
         return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
 
 
@@ -232,12 +231,8 @@ def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
         views, planes = 1, N * C
     else:  # channels-last memory: a view per sample, rows of C columns
         views, planes, S = N, C, 1
-    args = (views, planes, S, group, C, X.size, X.dtype)
-    run = engine.direct_group_backward(*args)
-    if run is None:
-        return None
-    return GroupBackward(float(epsilon), order, C, scale.dtype, run,
-                         lambda: engine.direct_group_backward(*args, True))
+    run = engine.direct_group_backward(views, planes, S, group, C, X.size, X.dtype)
+    return None if run is None else GroupBackward(float(epsilon), order, C, scale.dtype, run)
 
 
 def rows_key(label, engine, axis, epsilon, dY, X, scale, out):
