@@ -1341,6 +1341,16 @@ MUTATIONS = [
                  (GRADIENTS, "            for recomputed in (True, False):",
                   "            for recomputed in (True,):")],
              ["tests/test_compiles.py", "-k", "after_warmup and groupnorm-float32"]),
+    mutation("plans/group-rows-of-planes", "the group backward plan counts the rows of "
+             "a view as its planes' elements (the sums' route of the full path differs)", [
+                 (DIRECT, "        n_rows = size // views // (planes * S)",
+                  "        n_rows = size // views // planes")],
+             ["tests/test_plans.py", "-k", "statistics_plans"]),
+    mutation("plans/statistics-count", "the planned forward with statistics divides M2 by "
+             "the group's elements less one", [
+                 ("normkernels/ops/plans.py", "m2 / self.count + self.epsilon",
+                  "m2 / (self.count - 1) + self.epsilon")],
+             ["tests/test_plans.py", "-k", "statistics_plans"]),
     mutation("plans/fused-training-sample-variance", "the fused training step divides M2 "
              "by count - 1", [
                  ("normkernels/kernels/training_small.py", "        var[c] = m2[c] / count[c]",

@@ -749,3 +749,46 @@ def test_training_plans_fuse_after_their_count(rng, monkeypatch):
             assert_identical(a, b)
         plan = plans.get(plans.stored_keys()[0])
         assert (plan.fuse is None) == (i >= 4), i  # 0 made the plan, 1-3 stepped, 4 fused
+
+
+@pytest.mark.parametrize("fmt", ["NCX", "NXC"])
+@pytest.mark.parametrize("N,C,side", [(2, 8, 5), (2, 64, 40)], ids=["serial", "parallel"])
+@pytest.mark.parametrize("name", ["group", "instance"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_statistics_plans_give_the_full_paths_bits(rng, name, fmt, N, C, side, dtype):
+    """The PyTorch adapter's calls: the instance and group forward returning their
+    statistics, and the backward given them, leave plans (at any size) that serve the
+    later calls (the same plan objects) with the full path's bits on new values, out
+    being X or dY included."""
+    from normkernels.engine.numba_engine import ENGINE
+    from normkernels.ops import backward, group_normalization, instance_normalization
+
+    shape = (N, C, side, side) if fmt == "NCX" else (N, side, side, C)
+    group = {"num_groups": 4} if name == "group" else {}
+    forward = (group_normalization.group_normalization if name == "group" else
+               instance_normalization.instance_normalization)
+    grad = getattr(backward, f"{name}_normalization_backward")
+
+    def calls(path, X, dY, w, b, out_of=None):
+        y, m, r = forward(X, w, b, data_format=fmt, engine=ENGINE, path=path,
+                          statistics=True, **group)
+        out = {"X": X, "dY": dY}.get(out_of)
+        dX = grad(dY, X, w, mean=m, inv_std=r, data_format=fmt, out=out, engine=ENGINE,
+                  path=path, **group)
+        return (y, m, r, *dX)
+
+    kept = None
+    for i, out_of in enumerate((None, None, None, "X", "dY")):
+        X = rng.normal(3, 2, shape).astype(dtype)  # float64: every sum's order shows
+        dY = rng.normal(size=shape).astype(dtype)
+        w = rng.uniform(0.5, 2, C).astype(dtype)
+        b = rng.normal(size=C).astype(dtype)
+        want = calls("serial", X.copy(), dY.copy(), w, b, out_of)
+        got = calls(None, X, dY, w, b, out_of)
+        for a, e in zip(got, want, strict=True):
+            assert_identical(a, e)
+        if i == 0:
+            kept = {k: plans.get(k) for k in plans.stored_keys()}
+            assert len(kept) == 2 and None not in kept.values()
+        elif out_of is None:  # served: the very plans the first call left
+            assert all(plans.get(k) is plan for k, plan in kept.items())

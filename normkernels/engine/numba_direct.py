@@ -229,24 +229,30 @@ class DirectSteps:
             return dscale, dB
         return run
 
-    def direct_group_backward(self, views, planes, S, group, C, size, dtype):
-        """``run(xs, dys, dxs, scale, epsilon) -> (dscale, dB)``: the instance/group
-        backward with its statistics recomputed as the engine's :meth:`group_backward`
-        runs it on the serial path, the same compiled call (``views`` views of
-        ``planes`` planes of ``S``, or with ``S`` 1 rows of ``planes`` columns; ``group``
-        planes a group, ``C`` channels; ``scale`` as given)."""
+    def direct_group_backward(self, views, planes, S, group, C, size, dtype, given=False):
+        """``run(xs, dys, dxs, scale, epsilon, stats) -> (dscale, dB)``: the instance/group
+        backward as the engine's :meth:`group_backward` runs it on the serial path, the
+        same compiled call (``views`` views of ``planes`` planes of ``S``, or with ``S``
+        1 rows of ``planes`` columns; ``group`` planes a group, ``C`` channels;
+        ``scale`` as given; with ``given`` the statistics ``stats``, float64 ``(mean,
+        r)`` per (view, group), else recomputed and ``stats`` None)."""
         if not _serial(size):
             return None
-        n_rows = size // views // planes
+        n_rows = size // views // (planes * S)  # rows of planes * S (S 1: of the columns)
         cd = compute_dtype(dtype)
-        tags = (small.RECOMPUTED, _tag(not (S == 1 and n_rows > 1)),
+        if given:
+            sums = backward_sums.sums_by_planes(planes, S, n_rows)
+        else:  # the one reduction: rows for a channels-last sample
+            sums = not (S == 1 and n_rows > 1)
+        tags = (small.GIVEN if given else small.RECOMPUTED, _tag(sums),
                 _tag(backward_sums.by_planes(S, n_rows)), small.SERIAL)
         residual, like, kernel, entry = cd != FLOAT64, np.empty(0, cd), small.group_backward, []
 
-        def run(xs, dys, dxs, scale, epsilon):
+        def run(xs, dys, dxs, scale, epsilon, stats):
             dscale, dB = np.empty(C), np.empty(C)
-            args = (xs, dys, dxs, views, planes, S, group, C, _float64(scale), epsilon,
-                    _NO_STATS, _NO_STATS, *tags, residual, like, dscale, dB)
+            mean, r = (_NO_STATS, _NO_STATS) if stats is None else stats
+            args = (xs, dys, dxs, views, planes, S, group, C, _float64(scale), epsilon, mean, r,
+                    *tags, residual, like, dscale, dB)
             _entry(kernel, entry, args)(*args)
             return dscale, dB
         return run

@@ -250,11 +250,11 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     (N, C) table (AdaGroupNorm's ``1 + scale``), and ``dscale``, ``dB`` are the float64
     (N, C) sums per sample."""
     key = None
-    if (path is None and not per_sample and mean is None and inv_std is None
+    if (path is None and not per_sample
             and epilogue[0] is epilogue[1] is epilogue[2] is epilogue[3] is None):
         key = training_plans.group_key(label, engine, num_groups, epsilon, data_format, dY, X,
-                                       scale, out)
-        grads = plans.serve(key, dY, X, scale, out)
+                                       scale, mean, inv_std, out)
+        grads = plans.serve(key, dY, X, scale, mean, inv_std, out)
         if grads is not None:
             return grads
     from normkernels.ops.group_normalization import check_groups
@@ -354,7 +354,7 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     grads = _result(X, order, dx, out), dscale.astype(pdtype), dB.astype(pdtype)
     if key is not None and eps and plans.plain(supplied, (dY, X, params["scale"])):
         plans.add(key, training_plans.group_backward(engine, eps, dY, X, params["scale"], Cg,
-                                                     data_format, out))
+                                                     data_format, out, mean, inv_std))
     return grads + _epilogue.residual_result(dres, order)
 
 

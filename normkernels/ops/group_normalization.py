@@ -108,11 +108,12 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
     float64 per-(n, group) mean and ``1 / sqrt(var + epsilon)`` of shape ``(N,
     num_groups)`` that :func:`normkernels.group_normalization_backward` takes."""
     key = given = None
-    if path is None and add is None and not statistics:  # an earlier call's plan
+    if path is None and add is None:  # an earlier call's plan
         try:
             key = (OP, engine, opset, epsilon, stash_type, num_groups, data_format, activation,
-                   type(opset), type(epsilon), type(stash_type), type(num_groups),
-                   type(data_format), type(activation), type(X), X.shape, X.strides, X.dtype,
+                   statistics, type(opset), type(epsilon), type(stash_type), type(num_groups),
+                   type(data_format), type(activation), type(statistics), type(X), X.shape,
+                   X.strides, X.dtype,
                    type(scale), scale.shape, scale.strides, scale.dtype,
                    type(bias), bias.shape, bias.strides, bias.dtype, plans.out_key(out, X))
             plan = plans.get(key)
@@ -160,16 +161,16 @@ def group_normalization(X, scale, bias, *, num_groups, epsilon=None, stash_type=
         scale, bias = np.repeat(scale, C // groups), np.repeat(bias, C // groups)
     Y, mean, m2, count = normalize(label, X, scale, bias, groups, eps, data_format, out,
                                    engine, path, act, res)
+    # a plan for per-channel parameters only (opset 18's are repeated per call)
+    if key is not None and eps and not version.per_group and plans.plain(given, checked):
+        spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
+        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial, C // groups,
+                                      act, statistics is True))
     if statistics:
         with np.errstate(all="ignore"):  # count 0: an empty X, no statistic is read
             inv_std = 1.0 / np.sqrt(m2 / max(count, 1) + eps)
         shape = (X.shape[0], groups)
         return Y, mean.reshape(shape), inv_std.reshape(shape)
-    # a plan for per-channel parameters only (opset 18's are repeated per call)
-    if key is not None and eps and not version.per_group and plans.plain(given, checked):
-        spatial = math.prod(X.shape[2:] if data_format == "NCX" else X.shape[1:-1])
-        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial, C // groups,
-                                      act))
     return Y
 
 

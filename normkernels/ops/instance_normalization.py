@@ -76,10 +76,11 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
     c) mean and ``1 / sqrt(var + epsilon)`` of shape ``(N, C)`` that
     :func:`normkernels.instance_normalization_backward` takes."""
     key = given = None
-    if path is None and activation is None and add is None and not statistics:  # a plan
+    if path is None and activation is None and add is None:  # a plan
         try:
-            key = (OP, engine, opset, epsilon, consumed_inputs, data_format, type(opset),
-                   type(epsilon), type(consumed_inputs), type(data_format),
+            key = (OP, engine, opset, epsilon, consumed_inputs, data_format, statistics,
+                   type(opset), type(epsilon), type(consumed_inputs), type(data_format),
+                   type(statistics),
                    type(input), input.shape, input.strides, input.dtype,
                    type(scale), scale.shape, scale.strides, scale.dtype,
                    type(B), B.shape, B.strides, B.dtype, plans.out_key(out, input))
@@ -122,11 +123,12 @@ def instance_normalization(input, scale, B, *, epsilon=None, consumed_inputs=Non
                                               path, **extra)
 
     Y = common.map_layout(X, data_format, out, kernel, res)
+    if key is not None and eps and plans.plain(given, (X, arrays["scale"], arrays["B"])):
+        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial,
+                                      statistics=statistics is True))
     if statistics:
         mean, m2 = stats.get("m", (np.zeros(N * C), np.zeros(N * C)))
         with np.errstate(all="ignore"):
             inv_std = 1.0 / np.sqrt(m2 / max(spatial, 1) + eps)
         return Y, mean.reshape(N, C), inv_std.reshape(N, C)
-    if key is not None and eps and plans.plain(given, (X, arrays["scale"], arrays["B"])):
-        plans.add(key, plans.instance(engine, eps, X, data_format, out, spatial))
     return Y

@@ -308,36 +308,45 @@ class Instance(NamedTuple):
     reuse: Reuse
     group: int = 1  # channels per group (GroupNormalization); 1: instance normalization
     act: object = None  # the activation epilogue's name (GroupNormalization's); None: none
+    count: int = 0  # elements per group; with it the call returns (Y, mean, inv_std)
 
     def __call__(self, X, scale, B, out):
         arrays = (X, scale, B, out)
-        if self.reuse.serve(arrays, out):
+        if not self.count and self.reuse.serve(arrays, out):
             return out
         views = output(self, X, out, (scale, B))
         if views is None:
             return None
         y, x, yc = views
         if self.rows:
-            self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon,
-                                      group=self.group, act=self.act)
+            stats = self.engine.instance_rows(x, yc, self.N, self.C, scale, B, self.epsilon,
+                                              group=self.group, act=self.act)
+        else:
+            stats = self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon,
+                                                group=self.group, act=self.act)
+            if not self.count and reusable(X, out, self.engine):
+                self.reuse.offer(arrays, lambda: self.engine.bind_instance_planes(
+                    x, yc, self.C, self.S, scale, B, self.epsilon, self.group, self.act))
+        if not self.count:
             return y
-        self.engine.instance_planes(x, yc, self.C, self.S, scale, B, self.epsilon,
-                                    group=self.group, act=self.act)
-        if reusable(X, out, self.engine):
-            self.reuse.offer(arrays, lambda: self.engine.bind_instance_planes(
-                x, yc, self.C, self.S, scale, B, self.epsilon, self.group, self.act))
-        return y
+        mean, m2 = stats  # as the full path's statistics=True
+        with np.errstate(all="ignore"):
+            inv_std = 1.0 / np.sqrt(m2 / self.count + self.epsilon)
+        return y, mean.reshape(self.N, -1), inv_std.reshape(self.N, -1)
 
 
-def instance(engine, epsilon, X, data_format, out, spatial, group=1, act=None):
+def instance(engine, epsilon, X, data_format, out, spatial, group=1, act=None,
+             statistics=False):
     """The :class:`Instance` plan of a call that just passed the full checks (``group``
-    channels per group: GroupNormalization; ``act`` its activation), or None."""
+    channels per group: GroupNormalization; ``act`` its activation; ``statistics``: it
+    returns the statistics too), or None."""
     found = layout(X, data_format, out)
     if found is None:
         return None
     order, S = found
     return Instance(engine, epsilon, X.shape[0], common.channel_count(X, data_format), S,
-                    S != spatial, order, X.shape, X.dtype, Reuse(), group, act)
+                    S != spatial, order, X.shape, X.dtype, Reuse(), group, act,
+                    group * spatial if statistics else 0)
 
 
 class Checked(NamedTuple):

@@ -154,9 +154,10 @@ def channel_key(label, engine, epsilon, training, data_format, dY, X, scale, mea
 
 
 class ChannelBackward(NamedTuple):
-    """BatchNormalization's training backward of X with one memory layout: the engine's
-    direct step (the full path's one-call kernel), dscale and dB in the parameters'
-    dtype."""
+    """BatchNormalization's training backward of X with one memory layout: the full
+    path's one-call kernel, through the engine's direct step at a serial size, else the
+    engine's ``channel_backward`` (None there: the streaming path); dscale and dB in
+    the parameters' dtype."""
 
     epsilon: float
     order: tuple
@@ -170,9 +171,11 @@ class ChannelBackward(NamedTuple):
         if views is None:
             return None
         dX, xs, dys, dxs = views
-        dscale, dB = self.run(xs, dys, dxs, scale.reshape(C), mean.reshape(C),
-                              stats.reshape(C), inv_std is None, self.epsilon)
-        return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
+        sums = self.run(xs, dys, dxs, scale.reshape(C), mean.reshape(C), stats.reshape(C),
+                        inv_std is None, self.epsilon)
+        if sums is None:  # the streaming path: the full path's steps
+            return None
+        return dX, sums[0].astype(self.pdtype), sums[1].astype(self.pdtype)
 
 
 def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
@@ -184,46 +187,66 @@ def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
     order, S = found
     C = common.channel_count(X, data_format)
     run = engine.direct_channel_backward(C, S, X.size, X.dtype)
-    return None if run is None else ChannelBackward(float(epsilon), order, C, scale.dtype, run)
+    if run is None:  # above the serial size: the engine's call decides the path
+
+        def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
+            return engine.channel_backward(xs, dys, dxs, C, S, scale, mean, stats, is_var,
+                                           epsilon)
+    return ChannelBackward(float(epsilon), order, C, scale.dtype, run)
 
 
-def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, out):
+def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, mean, inv_std,
+              out):
     """The plan key of an instance or group normalization backward call, or None."""
     try:
         return (label, engine, num_groups, type(num_groups), epsilon, type(epsilon),
                 data_format, type(data_format), type(dY), dY.shape, dY.strides, dY.dtype,
                 type(X), X.shape, X.strides, X.dtype,
-                type(scale), scale.shape, scale.strides, scale.dtype, plans.out_key(out, X))
+                type(scale), scale.shape, scale.strides, scale.dtype,
+                None if mean is None else (type(mean), mean.shape, mean.dtype),
+                None if inv_std is None else (type(inv_std), inv_std.shape, inv_std.dtype),
+                plans.out_key(out, X))
     except AttributeError:  # not arrays
         return None
 
 
 class GroupBackward(NamedTuple):
-    """The instance and group normalization backward of X with one memory layout, the
-    statistics recomputed: the engine's direct step (the full path's one-call kernel:
-    per view, the whole tensor in channels-first memory or each sample in channels-last
-    memory, the one reduction, the coefficients, the dX pass)."""
+    """The instance and group normalization backward of X with one memory layout: the
+    full path's one-call kernel (per view, the whole tensor in channels-first memory
+    or each sample in channels-last memory: the statistics given or recomputed with
+    the sums, the coefficients, the dX pass), through the engine's direct step at a
+    serial size, else the engine's ``group_backward`` (None there: the streaming path,
+    the full path's steps)."""
 
     epsilon: float
     order: tuple
     C: int
     pdtype: object
-    run: object  # engine.direct_group_backward
+    run: object  # (xs, dys, dxs, scale, epsilon, given) -> (dscale, dB) or None
 
-    def __call__(self, dY, X, scale, out):
+    def __call__(self, dY, X, scale, mean, inv_std, out):
+        given = None
+        if inv_std is not None:  # and mean: the key holds both shapes the checks passed
+            if type(mean) is not np.ndarray or type(inv_std) is not np.ndarray:
+                return None
+            given = (mean.astype(np.float64).ravel(), inv_std.astype(np.float64).ravel())
         views = _gradient_views(X, dY, out, self.order, (scale,))
         if views is None:
             return None
         dX, xs, dys, dxs = views
-        dscale, dB = self.run(xs, dys, dxs, scale.reshape(self.C), self.epsilon)
-        return dX, dscale.astype(self.pdtype), dB.astype(self.pdtype)
+        sums = self.run(xs, dys, dxs, scale.reshape(self.C), self.epsilon, given)
+        if sums is None:
+            return None
+        return dX, sums[0].astype(self.pdtype), sums[1].astype(self.pdtype)
 
 
-def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
+def group_backward(engine, epsilon, dY, X, scale, group, data_format, out, mean=None,
+                   inv_std=None):
     """The :class:`GroupBackward` plan of an instance or group normalization backward
-    (``group`` channels a group) that just passed the checks, or None (no direct step)."""
+    (``group`` channels a group; ``mean`` and ``inv_std`` as the call gave them) that
+    just passed the checks, or None."""
     found = _gradient_layout(engine, "direct_group_backward", X, dY, data_format, out)
-    if found is None:
+    if found is None or not (inv_std is None or type(mean) is type(inv_std) is np.ndarray):
         return None
     order, S = found
     C, N = common.channel_count(X, data_format), X.shape[0]
@@ -231,8 +254,14 @@ def group_backward(engine, epsilon, dY, X, scale, group, data_format, out):
         views, planes = 1, N * C
     else:  # channels-last memory: a view per sample, rows of C columns
         views, planes, S = N, C, 1
-    run = engine.direct_group_backward(views, planes, S, group, C, X.size, X.dtype)
-    return None if run is None else GroupBackward(float(epsilon), order, C, scale.dtype, run)
+    run = engine.direct_group_backward(views, planes, S, group, C, X.size, X.dtype,
+                                       inv_std is not None)
+    if run is None:  # above the serial size: the engine's call decides the path
+
+        def run(xs, dys, dxs, scale, epsilon, given):
+            return engine.group_backward(xs, dys, dxs, views, planes, S, group, C, scale,
+                                         epsilon, given)
+    return GroupBackward(float(epsilon), order, C, scale.dtype, run)
 
 
 def rows_key(label, engine, axis, epsilon, dY, X, scale, out):
