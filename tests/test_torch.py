@@ -522,6 +522,22 @@ _GROUPED = {  # (the function, the operator's call, groups): GroupNorm of 3 grou
 }
 
 
+@pytest.mark.parametrize("which", list(_GROUPED))
+def test_a_gradient_in_another_memory_format_gives_the_same_bits(gen, which):
+    """Autograd may hand dY in another memory format than x's (a contiguous gradient
+    for a channels_last x): dX and the parameter gradients are those of dY in x's."""
+    ours, _, _, _ = _GROUPED[which]
+    x = torch.randn(2, 6, 5, 7, generator=gen).contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    dy = torch.randn(2, 6, 5, 7, generator=gen)
+    got = {}
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        inputs = [t.clone().requires_grad_() for t in (x, w, b)]
+        got[fmt] = torch.autograd.grad(ours(*inputs), inputs, dy.contiguous(memory_format=fmt))
+    for g, e in zip(got[torch.contiguous_format], got[torch.channels_last], strict=True):
+        assert torch.equal(g, e)
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["NCX", "NXC"])
 @pytest.mark.parametrize("which", list(_GROUPED))
 def test_group_norm_backward_uses_the_forward_statistics(gen, monkeypatch, channels_last,
@@ -554,7 +570,17 @@ def test_group_norm_backward_uses_the_forward_statistics(gen, monkeypatch, chann
     def recomputed(*args, **kwargs):
         raise AssertionError("the backward recomputed the statistics")
 
+    def given_only(real, position):
+        def check(*args, **kwargs):
+            given = args[position] if len(args) > position else kwargs.get("given")
+            assert given is not None and given is not False, "the statistics recomputed"
+            return real(*args, **kwargs)
+        return check
+
     monkeypatch.setattr(ENGINE, "group_grad_sums", recomputed)
+    monkeypatch.setattr(ENGINE, "group_backward", given_only(ENGINE.group_backward, 10))
+    monkeypatch.setattr(ENGINE, "direct_group_backward",
+                        given_only(ENGINE.direct_group_backward, 7))
     inputs = [t.clone().requires_grad_() for t in (x, w, b)]
     expected = torch.autograd.grad(theirs(*inputs), inputs, dy)
     for mode in (None, _Passing):  # the eager autograd.Function, then the operators
