@@ -1351,6 +1351,12 @@ MUTATIONS = [
                  ("normkernels/ops/plans.py", "m2 / self.count + self.epsilon",
                   "m2 / (self.count - 1) + self.epsilon")],
              ["tests/test_plans.py", "-k", "statistics_plans"]),
+    mutation("torch/huge-outputs-contiguous", "the adapter's large outputs are laid out "
+             "C-contiguous whatever x's memory format", [
+                 ("normkernels/torch/tensors.py",
+                  "return torch.empty(0, dtype=x.dtype).set_(memory, 0, x.shape, x.stride())",
+                  "return torch.from_numpy(np.empty(x.shape, STORAGE[x.dtype])).view(x.dtype)")],
+             ["tests/test_torch.py", "-k", "large_outputs"]),
     mutation("plans/fused-training-sample-variance", "the fused training step divides M2 "
              "by count - 1", [
                  ("normkernels/kernels/training_small.py", "        var[c] = m2[c] / count[c]",

@@ -589,3 +589,29 @@ def test_group_norm_backward_uses_the_forward_statistics(gen, monkeypatch, chann
             got = torch.autograd.grad(ours(*inputs), inputs, dy)
         for g, e in zip(got, expected, strict=True):
             torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("fmt", ["contiguous", "channels_last", "channels_last_3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_large_outputs_are_laid_out_as_torchs(gen, fmt, dtype):
+    """At HUGE_PAGE_BYTES and more the adapter's outputs (Y, dX) come from NumPy's
+    allocator (transparent huge pages): the shape, strides and dtype of
+    torch.empty_like, values as torch's, and tensors like any other (in-place ops)."""
+    from normkernels.torch import tensors
+
+    shape = (2, 64, 4, 64, 64) if fmt == "channels_last_3d" else (2, 64, 128, 128)
+    x = torch.randn(shape, generator=gen).to(dtype)
+    x = x.contiguous(memory_format=getattr(torch, fmt if fmt != "contiguous" else
+                                           "contiguous_format"))
+    assert x.numel() * x.element_size() >= tensors.HUGE_PAGE_BYTES
+    y = tensors.empty_like(x)
+    assert (y.shape, y.stride(), y.dtype) == (x.shape, x.stride(), x.dtype)
+    w, b = torch.randn(64, generator=gen).to(dtype), torch.randn(64, generator=gen).to(dtype)
+    inputs = [t.clone().requires_grad_() for t in (x, w, b)]
+    got = nt.group_norm(inputs[0], 8, inputs[1], inputs[2])
+    want = TF.group_norm(x.float(), 8, w.float(), b.float())
+    assert got.stride() == x.stride()
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+    dx = torch.autograd.grad(got, inputs[0], torch.ones_like(got))[0]
+    assert dx.stride() == x.stride() and dx.dtype == dtype
+    got.add_(1)  # an ordinary tensor

@@ -16,8 +16,10 @@
   work through them.
 
 CPU tensors of float16, bfloat16, float32 and float64 are computed in place (NumPy
-views of their memory, channels_last included); outputs are allocated by torch in the
-input's memory format.
+views of their memory, channels_last included); outputs have the input's memory
+format, and from 4 MB on their memory comes from NumPy's allocator (transparent huge
+pages: a new output is faulted in about 4x faster), so such a tensor's storage cannot
+be resized.
 """
 
 from normkernels.torch import zoo  # noqa: F401 (replace_modules then finds the zoos' classes)

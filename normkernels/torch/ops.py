@@ -2,8 +2,9 @@
 and the plain functions they run.
 
 Each ``*_impl`` function computes on NumPy views of the tensors (no copy), with
-outputs allocated by torch (``empty_like``: the input's memory format) and written
-with ``out=``. Each is registered as a custom operator with a fake (shape and dtype
+outputs laid out as ``torch.empty_like``'s (the input's memory format; from 4 MB on in
+memory from NumPy's allocator, :func:`normkernels.torch.tensors.empty_like`) and
+written with ``out=``. Each is registered as a custom operator with a fake (shape and dtype
 only: what ``torch.compile`` and ``torch.export`` trace) and, for the forward
 operators, an autograd formula that calls the backward operator. Eager calls skip
 the dispatcher (``functional.py``: it cost 25 us a call) and run the same functions.
@@ -21,7 +22,7 @@ from normkernels import api
 from normkernels.engine.numba_engine import ENGINE
 from normkernels.ops import group_normalization as _gn
 from normkernels.ops import instance_normalization as _in
-from normkernels.torch.tensors import array, numpy_dtype, optional, tensor
+from normkernels.torch.tensors import array, empty_like, numpy_dtype, optional, tensor
 
 NS = "normkernels"
 F64 = torch.float64
@@ -63,7 +64,7 @@ def layer_norm_impl(x: Tensor, normalized_ndim: int, weight: Tensor | None,
     """``(y, mean, rstd)``: LayerNorm over the last ``normalized_ndim`` axes; mean and
     rstd float64 of shape ``x.shape[:-n] + (1,) * n``."""
     X = array(x, "input")
-    y = torch.empty_like(x)
+    y = empty_like(x)
     _, mean, rstd = api.layer_normalization(
         X, _scale(weight, x, _tail(x, normalized_ndim)), optional(bias, "bias"),
         axis=X.ndim - normalized_ndim, epsilon=eps, stash_type=11, num_outputs=3,
@@ -74,7 +75,7 @@ def layer_norm_impl(x: Tensor, normalized_ndim: int, weight: Tensor | None,
 def layer_norm_y(x, normalized_ndim, weight, bias, eps):
     """:func:`layer_norm_impl`'s y alone (no statistics kept: inference)."""
     X = array(x, "input")
-    y = torch.empty_like(x)
+    y = empty_like(x)
     api.layer_normalization(X, _scale(weight, x, _tail(x, normalized_ndim)),
                             optional(bias, "bias"), axis=X.ndim - normalized_ndim,
                             epsilon=eps, out=array(y, "out"))
@@ -85,7 +86,7 @@ def layer_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean:
                              rstd: Tensor, normalized_ndim: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(dx, dweight, dbias)`` from the forward's mean and rstd."""
     X = array(x, "input")
-    dx = torch.empty_like(x)
+    dx = empty_like(x)
     _, dw, db = api.layer_normalization_backward(
         array(dy, "grad"), X, _scale(weight, x, _tail(x, normalized_ndim)),
         axis=X.ndim - normalized_ndim, mean=array(mean, "mean"), inv_std=array(rstd, "rstd"),
@@ -97,7 +98,7 @@ def rms_norm_impl(x: Tensor, normalized_ndim: int, weight: Tensor | None,
                   eps: float) -> tuple[Tensor, Tensor]:
     """``(y, rstd)``: RMSNorm over the last ``normalized_ndim`` axes; rstd float64."""
     X = array(x, "input")
-    y = torch.empty_like(x)
+    y = empty_like(x)
     _, rstd = api.simplified_layer_normalization(
         X, _scale(weight, x, _tail(x, normalized_ndim)), axis=X.ndim - normalized_ndim,
         epsilon=eps, stash_type=11, num_outputs=2, out=array(y, "out"))
@@ -108,7 +109,7 @@ def rms_norm_y(x, normalized_ndim, weight, eps, rounding="once", offset=0.0):
     """:func:`rms_norm_impl`'s y alone; ``rounding`` and ``offset`` as
     :func:`normkernels.rms_normalization`'s (the model zoos' RMSNorm classes)."""
     X = array(x, "input")
-    y = torch.empty_like(x)
+    y = empty_like(x)
     api.rms_normalization(X, _scale(weight, x, _tail(x, normalized_ndim)),
                           axis=X.ndim - normalized_ndim, epsilon=eps, rounding=rounding,
                           offset=offset, out=array(y, "out"))
@@ -119,7 +120,7 @@ def rms_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, rstd: T
                            normalized_ndim: int, eps: float = 0.0) -> tuple[Tensor, Tensor]:
     """``(dx, dweight)``; ``rstd`` None: recomputed from x with ``eps``."""
     X = array(x, "input")
-    dx = torch.empty_like(x)
+    dx = empty_like(x)
     _, dw = api.rms_normalization_backward(
         array(dy, "grad"), X, _scale(weight, x, _tail(x, normalized_ndim)),
         axis=X.ndim - normalized_ndim, epsilon=eps, inv_std=optional(rstd, "rstd"),
@@ -133,7 +134,7 @@ def group_norm_impl(x: Tensor, num_groups: int, weight: Tensor | None, bias: Ten
     per channel; mean and rstd float64 of shape (N, num_groups), the statistics Y was
     normalized with (as ``torch.native_group_norm``'s, kept for the backward)."""
     scale = _scale(weight, x, _channels(x))
-    y = torch.empty_like(x)
+    y = empty_like(x)
     _, mean, rstd = _gn.group_normalization(
         array(x, "input"), scale, _bias(bias, scale), num_groups=num_groups, epsilon=eps,
         out=array(y, "out"), engine=ENGINE, statistics=True)
@@ -144,7 +145,7 @@ def group_norm_y(x, num_groups, weight, bias, eps):
     """:func:`group_norm_impl`'s y alone (no statistics kept: inference, with the
     call plans of :func:`normkernels.group_normalization`)."""
     scale = _scale(weight, x, _channels(x))
-    y = torch.empty_like(x)
+    y = empty_like(x)
     api.group_normalization(array(x, "input"), scale, _bias(bias, scale),
                             num_groups=num_groups, epsilon=eps, out=array(y, "out"))
     return y
@@ -153,7 +154,7 @@ def group_norm_y(x, num_groups, weight, bias, eps):
 def group_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
                              rstd: Tensor, num_groups: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(dx, dweight, dbias)`` with the forward's statistics (:func:`group_norm_impl`)."""
-    dx = torch.empty_like(x)
+    dx = empty_like(x)
     _, dw, db = api.group_normalization_backward(
         array(_grad_like(dy, x), "grad"), array(x, "input"), _scale(weight, x, _channels(x)),
         num_groups=num_groups, mean=array(mean, "mean"), inv_std=array(rstd, "rstd"),
@@ -166,7 +167,7 @@ def instance_norm_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
     """``(y, mean, rstd)``: InstanceNorm of (N, C, *) with the statistics of each (n,
     c), which are returned (float64, shape (N, C)) and kept for the backward."""
     scale = _scale(weight, x, _channels(x))
-    y = torch.empty_like(x)
+    y = empty_like(x)
     _, mean, rstd = _in.instance_normalization(
         array(x, "input"), scale, _bias(bias, scale), epsilon=eps, out=array(y, "out"),
         engine=ENGINE, statistics=True)
@@ -176,7 +177,7 @@ def instance_norm_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None,
 def instance_norm_y(x, weight, bias, eps):
     """:func:`instance_norm_impl`'s y alone (inference, with the call plans)."""
     scale = _scale(weight, x, _channels(x))
-    y = torch.empty_like(x)
+    y = empty_like(x)
     api.instance_normalization(array(x, "input"), scale, _bias(bias, scale), epsilon=eps,
                                out=array(y, "out"))
     return y
@@ -185,7 +186,7 @@ def instance_norm_y(x, weight, bias, eps):
 def instance_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean: Tensor,
                                 rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(dx, dweight, dbias)`` with the forward's statistics (:func:`instance_norm_impl`)."""
-    dx = torch.empty_like(x)
+    dx = empty_like(x)
     _, dw, db = api.instance_normalization_backward(
         array(_grad_like(dy, x), "grad"), array(x, "input"), _scale(weight, x, _channels(x)),
         mean=array(mean, "mean"), inv_std=array(rstd, "rstd"), out=array(dx, "out"))
@@ -198,7 +199,7 @@ def batch_norm_training_impl(x: Tensor, weight: Tensor | None, bias: Tensor | No
     mean and population variance of each channel)."""
     C = _channels(x)
     scale = _scale(weight, x, C)
-    y = torch.empty_like(x)
+    y = empty_like(x)
     # momentum 0: ONNX's running outputs are then the batch statistics themselves
     _, mean, var = api.batch_normalization(array(x, "input"), scale, _bias(bias, scale),
                                            np.zeros(C), np.ones(C), epsilon=eps, momentum=0.0,
@@ -210,7 +211,7 @@ def batch_norm_inference_impl(x: Tensor, weight: Tensor | None, bias: Tensor | N
                               running_mean: Tensor, running_var: Tensor, eps: float) -> Tensor:
     """BatchNorm with given (running) statistics."""
     scale = _scale(weight, x, _channels(x))
-    y = torch.empty_like(x)
+    y = empty_like(x)
     api.batch_normalization(array(x, "input"), scale, _bias(bias, scale),
                             array(running_mean, "running_mean"),
                             array(running_var, "running_var"), epsilon=eps,
@@ -223,7 +224,7 @@ def batch_norm_backward_impl(dy: Tensor, x: Tensor, weight: Tensor | None, mean:
                              training: bool) -> tuple[Tensor, Tensor, Tensor]:
     """``(dx, dweight, dbias)``; ``training``: mean and var are the batch statistics
     (dX through them), else the running statistics (constants)."""
-    dx = torch.empty_like(x)
+    dx = empty_like(x)
     _, dw, db = api.batch_normalization_backward(
         array(_grad_like(dy, x), "grad"), array(x, "input"), _scale(weight, x, _channels(x)),
         array(mean, "mean"), array(var, "var"), epsilon=eps, training=training,
