@@ -1324,11 +1324,12 @@ MUTATIONS = [
              ["tests/test_networks.py"]),
     # the training and backward plans (normkernels/ops/training_plans.py) and their
     # engine steps (engine/numba_direct.py, kernels/backward_small.py)
-    mutation("plans/fused-r-ignores-inv-std", "the fused BN backward takes the given "
-             "inv_std for a variance", [
+    mutation("one-call/bn-r-ignores-inv-std", "the one-call BN backward (the full path's "
+             "and the plans') takes the given inv_std for a variance", [
                  ("normkernels/kernels/backward_small.py",
                   "r[c] = 1.0 / np.sqrt(v + epsilon) if is_var else v",
-                  "r[c] = 1.0 / np.sqrt(v + epsilon)")], PLAN_TESTS),
+                  "r[c] = 1.0 / np.sqrt(v + epsilon)")],
+             ["tests/test_backward.py", "-k", "inv_std_is_the_same"]),
     mutation("one-call/given-stats-first-view", "the one-call group backward reads every "
              "channels-last sample's statistics from the first sample's", [
                  ("normkernels/kernels/backward_small.py",
@@ -1338,9 +1339,9 @@ MUTATIONS = [
              ["tests/test_backward.py"]),
     mutation("one-call/warm-without-given-stats", "the warm-up leaves out the one-call "
              "group backward with given statistics (a later call compiles it)", [
-                 (GRADIENTS, "            for recomputed in (True, False):",
-                  "            for recomputed in (True,):")],
-             ["tests/test_compiles.py", "-k", "after_warmup and groupnorm-float32"]),
+                 (GRADIENTS, "                for recomputed in (True, False):",
+                  "                for recomputed in (True,):")],
+             ["tests/test_compiles.py", "-k", "warm_backward_covers"]),
     mutation("plans/group-rows-of-planes", "the group backward plan counts the rows of "
              "a view as its planes' elements (the sums' route of the full path differs)", [
                  (DIRECT, "        n_rows = size // views // (planes * S)",
@@ -1357,6 +1358,10 @@ MUTATIONS = [
                   "return torch.empty(0, dtype=x.dtype).set_(memory, 0, x.shape, x.stride())",
                   "return torch.from_numpy(np.empty(x.shape, STORAGE[x.dtype])).view(x.dtype)")],
              ["tests/test_torch.py", "-k", "large_outputs"]),
+    mutation("one-call/threads-not-started", "the engine does not start the threading "
+             "layer before a one-call kernel launches parallel kernels from compiled code", [
+                 (THREADS, "        numba.get_num_threads()\n        try:", "        try:")],
+             ["tests/test_backward.py", "-k", "fresh_process"]),
     mutation("plans/fused-training-sample-variance", "the fused training step divides M2 "
              "by count - 1", [
                  ("normkernels/kernels/training_small.py", "        var[c] = m2[c] / count[c]",

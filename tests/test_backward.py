@@ -992,3 +992,21 @@ def test_group_backward_fused_reduction_routes(rng, routes, instance, fmt):
                                       engine=ENGINE, path="serial")  # path=: no plan
     assert "grad_sums/fused-planes/serial" in routes
     assert not any(r.startswith("moments/") for r in routes)
+
+
+def test_a_fresh_process_can_start_with_a_parallel_backward():
+    """The one-call backward kernels launch parallel kernels from compiled code, which
+    does not start Numba's threading layer: the engine starts it (a process whose first
+    parallel call was a BatchNorm backward crashed)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, normkernels as nk\n"
+        "X = np.random.rand(8, 64, 32, 32).astype(np.float32)\n"
+        "c = np.ones(64, np.float32)\n"
+        "print(nk.batch_normalization_backward(X, X, c, c * 0, c)[1][0] > 0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.strip() == "True"

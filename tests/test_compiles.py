@@ -284,3 +284,23 @@ def test_warmup_takes_a_dtype_its_name_or_a_list_and_names_a_wrong_one():
     assert one and labels(np.float32) == one and labels([np.dtype(np.float32)]) == one
     with pytest.raises(TypeError, match="dtypes must be"):
         warm.calls("rms_normalization", 3)
+
+
+def test_warm_backward_covers_every_route_of_the_one_call_kernels():
+    """``Engine.warm_backward`` (run by the warm-up) compiles or loads every tag
+    combination of the one-call backward kernels for a dtype, since which one a call
+    takes depends on its shape: 8 of ``channel_backward`` (sums x dX loop x threads),
+    16 of ``group_backward`` (and the statistics given or recomputed)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from normkernels.engine.numba_engine import ENGINE\n"
+        "from normkernels.kernels import backward_small as small\n"
+        "ENGINE.warm_backward(np.dtype(np.float16))\n"
+        "print(len(small.channel_backward.signatures), len(small.group_backward.signatures))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["8", "16"]

@@ -143,12 +143,13 @@ class EpilogueGradientLoops:
         out, like, ones = np.empty_like(xs), np.empty(0, cd), np.ones(4)
         for sums, apply, par in itertools.product((True, False), repeat=3):
             tags = (*_tags((sums, apply)), _tags((par,))[0])
-            small.channel_backward(xs, xs, out, 4, 4, ones, ones, ones, True, 1e-5, *tags,
-                                   cd != FLOAT64, like, np.empty(4), np.empty(4))
-            for recomputed in (True, False):
-                small.group_backward(xs, xs, out, 1, 4, 4, 2, 4, ones, 1e-5, ones[:2],
-                                     ones[:2], *_tags((recomputed,)), *tags, cd != FLOAT64,
-                                     like, np.empty(4), np.empty(4))
+            with launch_guard("serial" if par else "parallel"):
+                small.channel_backward(xs, xs, out, 4, 4, ones, ones, ones, True, 1e-5, *tags,
+                                       cd != FLOAT64, like, np.empty(4), np.empty(4))
+                for recomputed in (True, False):
+                    small.group_backward(xs, xs, out, 1, 4, 4, 2, 4, ones, 1e-5, ones[:2],
+                                         ones[:2], *_tags((recomputed,)), *tags, cd != FLOAT64,
+                                         like, np.empty(4), np.empty(4))
 
     def _epilogue_args(self, x, xs, S, ep, rows):
         """The fused kernels' epilogue arguments: ``(act, mask, res, zm, za, zb, like)``,

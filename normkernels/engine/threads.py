@@ -100,6 +100,9 @@ def launch_guard(path):
     if path == "serial":
         return _NO_GUARD
     if _layer is None:
+        # start the layer: a parallel kernel called from compiled code (the one-call
+        # backward kernels) does not, and runs on an unstarted layer crash the process
+        numba.get_num_threads()
         try:
             _layer = numba.threading_layer()
         except ValueError:  # not started yet: serialise the first launch
