@@ -1,7 +1,10 @@
 """The Numba engine's elementwise gradients of the fused epilogues (a mixin of
 :class:`normkernels.engine.numba_engine.NumbaEngine`): an activation's derivative, ReLU's
-mask, and the gated residual of adaptive LayerNorm; and the group backward's
-coefficients (one compiled call). Routes (``policy.took``):
+mask, and the gated residual of adaptive LayerNorm; the group backward's
+coefficients (one compiled call); and the BatchNorm, instance and group backward in
+one compiled call (``channel_backward``, ``group_backward``: the kernels of
+:mod:`normkernels.kernels.backward_small`, reporting the ``grad_sums`` and
+``grad_apply`` routes their loops take). Routes (``policy.took``):
 ``activation_grad/<path>``, ``relu_mask/<path>``, ``gated_backward/<path>``, path serial
 or parallel (:func:`normkernels.engine.numba_gated.launch`: none has a streaming loop,
 the streaming path runs the parallel kernel)."""
