@@ -27,6 +27,7 @@ from normkernels.dtypes import FLOAT64, compute_dtype
 from normkernels.engine import policy
 from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_bind import entry_point
+from normkernels.engine.numba_gradients import float64_table
 from normkernels.engine.numba_launch import parameter_tables
 from normkernels.kernels.activations import NONE
 
@@ -57,12 +58,6 @@ def _entry(kernel, entry, args):
 
 
 _NO_STATS = np.empty(0)  # given_mean and given_r of a group backward that recomputes
-
-
-def _float64(v):
-    """Parameters as the engine's one-call backward passes them (flat float64: one
-    compiled type for every parameter dtype)."""
-    return np.ascontiguousarray(v, np.float64).reshape(-1)
 
 
 def _tag(planes):
@@ -223,8 +218,8 @@ class DirectSteps:
 
         def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
             dscale, dB = np.empty(C), np.empty(C)
-            args = (xs, dys, dxs, C, S, _float64(scale), _float64(mean), _float64(stats),
-                    is_var, epsilon, *tags, residual, like, dscale, dB)
+            args = (xs, dys, dxs, C, S, *map(float64_table, (scale, mean, stats)), is_var,
+                    epsilon, *tags, residual, like, dscale, dB)
             _entry(kernel, entry, args)(*args)
             return dscale, dB
         return run
@@ -251,8 +246,8 @@ class DirectSteps:
         def run(xs, dys, dxs, scale, epsilon, stats):
             dscale, dB = np.empty(C), np.empty(C)
             mean, r = (_NO_STATS, _NO_STATS) if stats is None else stats
-            args = (xs, dys, dxs, views, planes, S, group, C, _float64(scale), epsilon, mean, r,
-                    *tags, residual, like, dscale, dB)
+            args = (xs, dys, dxs, views, planes, S, group, C, float64_table(scale), epsilon,
+                    mean, r, *tags, residual, like, dscale, dB)
             _entry(kernel, entry, args)(*args)
             return dscale, dB
         return run

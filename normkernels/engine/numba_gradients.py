@@ -43,9 +43,9 @@ def _fused_path(dxs, path):
 _NO_STATS = np.empty(0)  # given mean and r of a group backward that recomputes them
 
 
-def _table(v):
-    """A parameter as flat float64 (its values exactly): one kernel type whatever the
-    caller's dtype and flags."""
+def float64_table(v):
+    """A parameter as the one-call backward kernels take it: flat float64 (its values
+    exactly), one compiled type whatever the caller's dtype and flags."""
     return np.ascontiguousarray(v, np.float64).reshape(-1)
 
 
@@ -105,7 +105,7 @@ class EpilogueGradientLoops:
         dscale, dB = np.empty(C), np.empty(C)
         with launch_guard(path):
             small.channel_backward(
-                xs, dys, dxs, C, S, _table(scale), _table(mean), _table(stats), bool(is_var),
+                xs, dys, dxs, C, S, *map(float64_table, (scale, mean, stats)), bool(is_var),
                 float(epsilon), *_tags((sums, apply)), par, cd != FLOAT64, np.empty(0, cd),
                 dscale, dB)
         return dscale, dB
@@ -126,15 +126,16 @@ class EpilogueGradientLoops:
             sums = backward_sums.sums_by_planes(planes, S, n_rows)
             took("grad_sums", "planes" if sums else "rows", path)
             stats = small.GIVEN
-            mean, r = (np.ascontiguousarray(v, np.float64).ravel() for v in given)
+            mean, r = (float64_table(v) for v in given)
         apply = backward_sums.by_planes(S, n_rows)
         took("grad_apply", "planes" if apply else "rows", path)
         cd = compute_dtype(x.dtype)
         dscale, dB = np.empty(C), np.empty(C)
         with launch_guard(path):
             small.group_backward(
-                xs, dys, dxs, views, planes, S, group, C, _table(scale), float(epsilon), mean,
-                r, stats, *_tags((sums, apply)), par, cd != FLOAT64, np.empty(0, cd), dscale, dB)
+                xs, dys, dxs, views, planes, S, group, C, float64_table(scale), float(epsilon),
+                mean, r, stats, *_tags((sums, apply)), par, cd != FLOAT64, np.empty(0, cd),
+                dscale, dB)
         return dscale, dB
 
     def warm_backward(self, dtype):
