@@ -3,12 +3,17 @@
 
 ``bind(function, *args, **kwargs)`` checks the arguments as the call would, then
 returns a zero-argument callable that computes ``function(*args, **kwargs)`` from
-the arrays' *current* contents and returns the result (the same output array each
-time: ``out``, or one allocated at binding). Where the call is per-channel inference,
+the arrays' *current* contents and returns the result (``out`` each time when given;
+without it, the compiled and plan-bound calls return one output allocated at binding,
+the others a new one). Where the call is per-channel inference,
 a row normalization, or instance or group normalization of channels-first memory,
 whose only output is Y, and its arrays need no conversion or copy, the callable is one
-compiled call on the serial path (the kernel and its arguments resolved at binding);
-anything else is bound as the plain call (still correct, no faster). The arrays must
+compiled call on the serial path (the kernel and its arguments resolved at binding).
+A call served by a plan (:mod:`normkernels.ops.plans`: the training and backward
+calls, MVN, Lp, moments) binds that plan: through the plan's own ``bind`` where it has
+one (views, outputs and checks made once: the training and backward plans), else the
+plan called without building its key. Anything else is bound as the plain call (still
+correct, no faster). The arrays must
 stay alive and keep their memory, as with io-binding; an ``out`` made read-only after
 binding is an error at the call.
 """
@@ -21,6 +26,7 @@ import numpy as np
 import normkernels.api as api
 from normkernels.engine import Engine
 from normkernels.engine.numba_engine import ENGINE
+from normkernels.ops import plans
 
 
 class _NotBindable(Exception):
@@ -104,12 +110,13 @@ def bind(function, *args, **kwargs):
     """Bind a call: ``function(*args, **kwargs)`` prepared once for fixed arrays.
 
     The arguments are checked as the call checks them; the callable returned computes
-    the call from the arrays' *current* contents and returns the result (the same
-    output array each time: ``out``, or one allocated at binding). Per-channel
+    the call from the arrays' *current* contents and returns the result (``out``
+    each time when given; else see the module docstring). Per-channel
     inference, row normalizations, and instance or group normalization of
     channels-first memory, whose only output is Y and whose arrays need no conversion
-    or copy, are bound as one compiled call on the serial path; anything else as the
-    plain call (still correct, no faster). The arrays must stay alive and keep their
+    or copy, are bound as one compiled call on the serial path; a call a plan serves
+    (training and backward calls, MVN, Lp, moments) binds its plan; anything else as
+    the plain call (still correct, no faster). The arrays must stay alive and keep their
     memory, as with onnxruntime's io-binding. See the module docstring.
 
     Parameters
@@ -151,7 +158,52 @@ def bind(function, *args, **kwargs):
     if fast is not None:
         return fast
     function(*args, **kwargs)  # the checks (and a first result), raising as the call does
-    return lambda: function(*args, **kwargs)
+    planned = _bound_plan(function, args, kwargs)
+    return planned or (lambda: function(*args, **kwargs))
+
+
+def _bound_plan(function, args, kwargs):
+    """The call as its plan serves it (a second call, now that the first left the
+    plan), bound: the plan's own ``bind`` (views, outputs and checks made once) where
+    it has one, else the plan called without the key; None when no single plan served
+    the whole call. A bound plan that hands the call back (None: ``out`` made
+    read-only, or a path the plan does not take) makes the plain call."""
+    with plans.recording() as ran:
+        result = function(*args, **kwargs)
+    if len(ran) != 1:
+        return None
+    plan, arguments, planned = ran[0]
+    part = _part(result, planned)
+    if part is None:  # the call returned more than its plan's result
+        return None
+    bind_plan = getattr(plan, "bind", None)
+    run = bind_plan(*arguments) if bind_plan is not None else None
+    if run is None:
+        def run():
+            return plan(*arguments)
+
+    def call():
+        result = run()
+        return function(*args, **kwargs) if result is None else part(result)
+
+    return call
+
+
+def _part(result, planned):
+    """How the call's result is made of its plan's: the whole, the first outputs (an
+    operator with fewer outputs than the spec function it calls: RMSNormalization's
+    backward has no dB), or the first alone; None: otherwise."""
+    if result is planned:
+        return lambda r: r
+    if type(planned) is not tuple:
+        return None
+    if (type(result) is tuple and len(result) <= len(planned)
+            and all(a is b for a, b in zip(result, planned, strict=False))):
+        n = len(result)
+        return lambda r: r[:n]
+    if result is planned[0]:
+        return lambda r: r[0]
+    return None
 
 
 def _bound_kernel(function, args, kwargs):

@@ -76,6 +76,8 @@ BOUND = "normkernels/engine/numba_bind.py"
 ENGINE_BASE = "normkernels/engine/__init__.py"
 DIRECT = "normkernels/engine/numba_direct.py"
 PLAN_TESTS = ["tests/test_plans.py", "-k", "training_and_backward"]
+TRAINING_PLANS = "normkernels/ops/training_plans.py"
+BIND_PLANS = ["tests/test_bind.py", "-k", "training_and_backward"]
 POLICY = "normkernels/engine/policy.py"
 THREADS = "normkernels/engine/threads.py"
 TWIN = "normkernels/reference/__init__.py"
@@ -1383,13 +1385,51 @@ MUTATIONS = [
     mutation("plans/rows-backward-broadcast-scale", "the LayerNorm backward plan takes a "
              "broadcast scale for the span's", [
                  ("normkernels/ops/training_plans.py",
-                  "None if scale.shape == tuple(span) else rows.sum_to)", "None)")],
+                  "None if scale.shape == tuple(span) else rows.sum_to, serial)",
+                  "None, serial)")],
              PLAN_TESTS),
     mutation("grad-routes/few-rows-by-planes", "short planes in more rows go by planes "
              "(the measured rule is 2 n_rows <= S)", [
                  ("normkernels/kernels/backward_sums.py", "S >= GRAD_MIN_PLANE or 2 * n_rows <= S",
                   "S >= GRAD_MIN_PLANE or n_rows <= S")],
              ["tests/test_backward.py", "-k", "every_route"]),
+    # bound training and backward calls (normkernels.bind through their plans)
+    mutation("bind-plan/stale-scale", "a bound BatchNorm backward reads the scale converted "
+             "at binding", [
+                 (TRAINING_PLANS, "        args = (*arrays, scale.reshape(C), mean.reshape(C),",
+                  "        args = (*arrays, scale.astype(np.float64), mean.reshape(C),")],
+             BIND_PLANS),
+    mutation("bind-plan/stale-given-statistics", "a bound group backward reads the given "
+             "statistics converted at binding", [
+                 (TRAINING_PLANS, "        return _bound(lambda: run(xs, dys, dxs, s, eps, "
+                  "_given(mean, inv_std)), (), dX,", "        given = _given(mean, inv_std)\n"
+                  "        return _bound(lambda: run(xs, dys, dxs, s, eps, given), (), dX,")],
+             BIND_PLANS),
+    mutation("bind-plan/stale-gamma", "a bound LayerNorm backward reads the scale converted "
+             "at binding", [
+                 (TRAINING_PLANS, "        return _bound(lambda: run(xs, dys, dxs, gamma(scale)),",
+                  "        g = gamma(scale)\n        return _bound(lambda: run(xs, dys, dxs, g),")],
+             BIND_PLANS),
+    mutation("bind-plan/training-stale-scale", "a bound BatchNorm training call reads a copy "
+             "of the scale made at binding", [
+                 (TRAINING_PLANS, "        args = (storage_view(x.ravel()), "
+                  "storage_view(yc.ravel()), storage_view(scale),",
+                  "        args = (storage_view(x.ravel()), "
+                  "storage_view(yc.ravel()), storage_view(scale.copy()),")], BIND_PLANS),
+    mutation("bind-plan/read-only-out-written", "a bound backward writes an out made "
+             "read-only since binding", [
+                 (TRAINING_PLANS, "        if not dX.flags.writeable:\n            return None\n"
+                  "        dscale, dB", "        dscale, dB")], BIND_PLANS),
+    mutation("plans/onednn-backward-gamma-ignored", "a planned oneDNN backward takes its "
+             "first call's default gamma (ones) for a given one", [
+                 ("normkernels/ops/onednn_training.py", "        grads = plans.serve(self.key, "
+                  "diff_dst, src, self.ones if gamma is None else gamma,",
+                  "        grads = plans.serve(self.key, diff_dst, src, self.ones,")],
+             ["tests/test_plans.py", "-k", "training_and_backward and onednn"]),
+    mutation("bind-plan/whole-result-for-part", "a bound RMSNorm backward returns its plan's "
+             "three outputs (the operator returns two)", [
+                 (BINDING, "        return lambda r: r[:n]", "        return lambda r: r")],
+             BIND_PLANS),
 ]
 
 

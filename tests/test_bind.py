@@ -292,3 +292,80 @@ def test_strided_x_is_read_at_every_call(rng, fn, kwargs):
     for _ in range(2):
         base[...] = rng.normal(3, 2, base.shape)
         assert_identical(call(), fn(X.copy(), *params, **kwargs))
+
+
+def _training_call(case, rng, out):
+    """``(function, args, kwargs)`` of a small training or backward call."""
+    X = rng.normal(3, 2, (2, 4, 3, 5)).astype(np.float32)
+    dY = rng.normal(size=X.shape).astype(np.float32)
+    C = X.shape[-1] if case in ("layer", "rms") or case.startswith("onednn") else 4
+    scale, B = rng.uniform(0.5, 2, C).astype(np.float32), rng.normal(size=C).astype(np.float32)
+    mean, var = rng.normal(size=C).astype(np.float32), rng.uniform(0.5, 2, C).astype(np.float32)
+    kwargs = {"out": out}
+    if case == "batch":
+        return nk.batch_normalization_backward, (dY, X, scale, mean, var), kwargs
+    if case == "training":
+        return nk.batch_normalization, (X, scale, B, mean, var), {**kwargs, "training_mode": 1}
+    if case == "onednn training":
+        return (nk.batch_norm_forward_training, (X, mean, var, scale, B),
+                {**kwargs, "epsilon": 1e-5})
+    if case.startswith("onednn"):  # "onednn without gamma": diff_src alone
+        return (nk.batch_norm_training_backward,
+                (X, dY, mean, var, scale)[:4 if "without" in case else 5],
+                {**kwargs, "epsilon": 1e-5})
+    if case in ("group", "group given"):
+        if case == "group given":
+            kwargs["mean"] = rng.normal(size=(2, 2)).astype(np.float32)
+            kwargs["inv_std"] = rng.uniform(0.5, 2, (2, 2)).astype(np.float32)
+        return nk.group_normalization_backward, (dY, X, scale), {**kwargs, "num_groups": 2}
+    if case == "instance":
+        return nk.instance_normalization_backward, (dY, X, scale), kwargs
+    fn = nk.layer_normalization_backward if case == "layer" else nk.rms_normalization_backward
+    return fn, (dY, X, scale), kwargs
+
+
+@pytest.mark.parametrize("out_given", [False, True])
+@pytest.mark.parametrize("case", ["batch", "training", "onednn", "onednn without gamma",
+                                  "onednn training", "group", "group given",
+                                  "instance", "layer", "rms"])
+def test_training_and_backward_calls_bind_their_plan(rng, monkeypatch, case, out_given):
+    """A small training or backward call binds the plan its call leaves, through the
+    plan's own ``bind``: views, the output and checks made once (the same output at
+    every call, without the plan's per-call work), the arrays and statistics read at
+    every call (the plain call's bits on their current contents); ``out`` made
+    read-only since is the plain call's error."""
+    from normkernels.ops import training_plans
+
+    out = np.empty((2, 4, 3, 5), np.float32) if out_given else None
+    fn, args, kwargs = _training_call(case, rng, out)
+    call = nk.bind(fn, *args, **kwargs)
+    assert call.__qualname__.startswith("_bound_plan"), call.__qualname__
+    per_call = []  # the plans' own calls (the plain calls below take the full path)
+    for plan in (training_plans.BatchTraining, training_plans.ChannelBackward,
+                 training_plans.GroupBackward, training_plans.RowsBackward):
+        monkeypatch.setattr(plan, "__call__", lambda *a, **k: per_call.append(a))
+    arrays = [a for a in (*args, kwargs.get("mean"), kwargs.get("inv_std")) if a is not None]
+    first = None
+    for _ in range(3):
+        for a in arrays:
+            a[...] = rng.uniform(0.5, 2, a.shape)
+        want = fn(*[a.copy() for a in args], **{
+            k: v.copy() if isinstance(v, np.ndarray) else v for k, v in kwargs.items()
+            if k != "out"})
+        per_call.clear()
+        got = call()
+        assert not per_call  # the plan's bind, not the plan called each time
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_identical(a, b)
+        first = got[0] if first is None else first
+        assert got[0] is first and (out is None or first is out)
+    first.flags.writeable = False
+    if out is not None:
+        with pytest.raises(ValueError, match="read-only"):
+            call()
+    else:  # the bound dX read-only: a plain call's new one
+        got = call()
+        assert (got[0] if isinstance(got, tuple) else got) is not first

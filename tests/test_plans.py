@@ -32,7 +32,7 @@ from normkernels import reference
 from normkernels.engine import policy
 from normkernels.ops import batch_norm_inference as bni_spec
 from normkernels.ops import batch_normalization as bn_spec
-from normkernels.ops import plans
+from normkernels.ops import onednn_training, plans
 
 SHAPE = (2, 5, 6, 7)  # NCX; serial path
 
@@ -676,6 +676,12 @@ TRAINING_CASES = {
     "bn-backward-bfloat16-NXC": lambda rng: (lambda X, dY, s, m, v: (
         "batch_normalization_backward", None, (dY, X, s, m, v), {"data_format": "NXC"}))(
             *_channel(rng, (2, 3, 4, 6), 6, BFLOAT16)),
+    "onednn-backward": lambda rng: (lambda X, dY, s, m, v: (
+        "batch_norm_training_backward", onednn_training, (X, dY, m, v, s), {"epsilon": 1e-3}))(
+            *_channel(rng, (2, 3, 4, 6), 6)),
+    "onednn-backward-no-gamma-NCX": lambda rng: (lambda X, dY, s, m, v: (
+        "batch_norm_training_backward", onednn_training, (X, dY, m, v),
+        {"epsilon": 1e-3, "data_format": "NCX"}))(*_channel(rng, (2, 3, 4, 6), 3)),
     "gn-backward-NXC": lambda rng: (lambda X, dY, s, m, v: (
         "group_normalization_backward", None, (dY, X, s),
         {"num_groups": 2, "data_format": "NXC"}))(*_channel(rng, (3, 5, 4, 6), 6)),

@@ -156,10 +156,51 @@ class _Defaults(NamedTuple):
         return self.plan(src, self.scale if gamma is None else gamma,
                          self.shift if beta is None else beta, mean, variance, out)
 
+    def bind(self, src, gamma, beta, mean, variance, out):
+        """The plan's :meth:`~normkernels.ops.training_plans.BatchTraining.bind`."""
+        return self.plan.bind(src, self.scale if gamma is None else gamma,
+                              self.shift if beta is None else beta, mean, variance, out)
+
+
+class _Backward(NamedTuple):
+    """A backward call whose checks passed: the BatchNormalization backward plan of
+    ``key`` serves it, given gamma or ``ones`` (the key says which)."""
+
+    key: tuple
+    ones: object
+    affine: bool
+
+    def __call__(self, src, diff_dst, mean, variance, gamma, out):
+        grads = plans.serve(self.key, diff_dst, src, self.ones if gamma is None else gamma,
+                            mean, variance, None, out)
+        return grads if grads is None or self.affine else grads[0]
+
+    def bind(self, src, diff_dst, mean, variance, gamma, out):
+        plan = plans.get(self.key)
+        bound = None if not hasattr(plan, "bind") else plan.bind(
+            diff_dst, src, self.ones if gamma is None else gamma, mean, variance, None, out)
+        if bound is None or self.affine:
+            return bound
+        return lambda: (bound() or (None,))[0]
+
 
 def batch_norm_training_backward(src, diff_dst, mean, variance, gamma=None, *, epsilon,
                                  data_format="NXC", out=None, engine, path=None):
     """Spec layer of :func:`normkernels.batch_norm_training_backward`."""
+    key = None
+    if path is None:
+        try:  # an earlier call's plan
+            key = (BACKWARD, engine, epsilon, type(epsilon), data_format, type(data_format),
+                   *((type(a), a.shape, a.strides, a.dtype) if a is not None else None
+                     for a in (src, diff_dst, mean, variance, gamma)), plans.out_key(out, src))
+            plan = plans.get(key)
+        except (AttributeError, TypeError):  # not arrays, or an unhashable attribute
+            key = plan = None
+        if plan is not None:
+            grads = plan(src, diff_dst, mean, variance, gamma, out)
+            if grads is not None:
+                return grads
+    given = (src, diff_dst, mean, variance, gamma)
     label = BACKWARD
     X, dY = _tensors(label, {"src": src, "diff_dst": diff_dst})
     params = _params(label, X, {"mean": mean, "variance": variance, "gamma": gamma})
@@ -171,6 +212,12 @@ def batch_norm_training_backward(src, diff_dst, mean, variance, gamma=None, *, e
     dX, dgamma, dbeta = backward.batch_normalization_backward(
         dY, X, scale, params["mean"], params["variance"], epsilon=eps, training=True,
         data_format=data_format, out=out, engine=engine, path=path)
+    if key is not None and plans.plain([a for a in given if a is not None],
+                                       [X, dY, *params.values()]):
+        plans.add(key, _Backward(training_plans.channel_key(
+            backward.BN, engine, eps, True, data_format, dY, X, scale, params["mean"],
+            params["variance"], None, out), None if gamma is not None else scale,
+            gamma is not None))
     return (dX, dgamma, dbeta) if gamma is not None else dX
 
 

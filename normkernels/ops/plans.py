@@ -31,6 +31,8 @@ bound (their call costs far more than the checks), and the bound calls, which ke
 their arrays alive, are capped per plan and in bytes over all plans.
 """
 
+import contextlib
+import threading
 import weakref
 from typing import NamedTuple
 
@@ -46,7 +48,52 @@ _ndarray = np.ndarray
 def get(key):
     """The plan stored under ``key``, or None. Each operator builds its key inline
     (a function building it cost 0.4 us per call, 9% of a tiny call)."""
-    return _plans.get(key)
+    plan = _plans.get(key)
+    if _recording and plan is not None:
+        return _recorded(plan)
+    return plan
+
+
+# normkernels.bind: per thread, while it binds a call, the plans that call runs
+_recording = {}
+
+
+def _recorded(plan):
+    """``plan``, or in a thread that records (:func:`recording`) a call of it that notes
+    the plan, its arguments and its result."""
+    ran = _recording.get(threading.get_ident())
+    if ran is None:
+        return plan
+
+    def call(*args):
+        ran.depth += 1
+        try:
+            result = plan(*args)
+        finally:
+            ran.depth -= 1
+        if not ran.depth:  # not a plan another plan runs
+            ran.append((plan, args, result))
+        return result
+
+    return call
+
+
+class _Ran(list):
+    __slots__ = ("depth",)
+
+
+@contextlib.contextmanager
+def recording():
+    """Within: the list of ``(plan, arguments, result)`` of every plan this thread's
+    calls run, not counting the plans a plan runs (:func:`normkernels.bind` binds a
+    call its plan serves)."""
+    ran, ident = _Ran(), threading.get_ident()
+    ran.depth = 0
+    _recording[ident] = ran
+    try:
+        yield ran
+    finally:
+        del _recording[ident]
 
 
 def serve(key, *args):
@@ -54,7 +101,7 @@ def serve(key, *args):
     the plan hands the call to the full path). ``key`` is built by a function and may
     hold an unhashable attribute: no plan then."""
     try:
-        plan = _plans.get(key)
+        plan = get(key)
     except TypeError:
         return None
     return None if plan is None else plan(*args)

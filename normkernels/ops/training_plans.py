@@ -88,6 +88,27 @@ class BatchTraining(_Fusing):
         mean, var = self.current()(xs, ys, s, b, self.epsilon)
         return self.finish(y, mean, var, input_mean, input_var)
 
+    def bind(self, X, scale, B, input_mean, input_var, out):
+        """This plan's call for fixed arrays (:func:`normkernels.bind`): the views and
+        checks made once; each call runs the step and ``finish`` (None: the full
+        path's, ``out`` made read-only since)."""
+        views = plans.output(self, X, out, (scale, B, input_mean, input_var))
+        if views is None:
+            return None
+        y, x, yc = views
+        args = (storage_view(x.ravel()), storage_view(yc.ravel()), storage_view(scale),
+                storage_view(B), self.epsilon)
+        if not aligned(*args[:4]):
+            return None
+
+        def call():
+            if not y.flags.writeable:
+                return None
+            mean, var = self.current()(*args)
+            return self.finish(y, mean, var, input_mean, input_var)
+
+        return call
+
 
 def batch_training(engine, epsilon, X, scale, B, data_format, out, finish):
     """The :class:`BatchTraining` plan of a training call that just passed the checks
@@ -164,6 +185,7 @@ class ChannelBackward(NamedTuple):
     C: int
     pdtype: object
     run: object  # engine.direct_channel_backward
+    serial: bool  # run is the direct step (it never hands the call back)
 
     def __call__(self, dY, X, scale, mean, var, inv_std, out):
         stats, C = var if inv_std is None else inv_std, self.C
@@ -177,6 +199,33 @@ class ChannelBackward(NamedTuple):
             return None
         return dX, sums[0].astype(self.pdtype), sums[1].astype(self.pdtype)
 
+    def bind(self, dY, X, scale, mean, var, inv_std, out):
+        """This plan's call for fixed arrays (:func:`normkernels.bind`) at a serial size:
+        views, dX and checks made once; the parameters read at each call. None above
+        it (the plan itself is then bound)."""
+        stats, C = var if inv_std is None else inv_std, self.C
+        views = self.serial and _gradient_views(X, dY, out, self.order, (scale, mean, stats))
+        if not views:
+            return None
+        dX, *arrays = views
+        args = (*arrays, scale.reshape(C), mean.reshape(C), stats.reshape(C), inv_std is None,
+                self.epsilon)
+        return _bound(self.run, args, dX, self.pdtype)
+
+
+def _bound(run, args, dX, pdtype, finish=None):
+    """A bound backward call: ``run(*args)``'s parameter gradients (``finish`` applied)
+    in ``pdtype`` with dX; None (the full path's: it raises) when dX was made
+    read-only."""
+
+    def call():
+        if not dX.flags.writeable:
+            return None
+        dscale, dB = run(*args) if finish is None else finish(*run(*args))
+        return dX, dscale.astype(pdtype), dB.astype(pdtype)
+
+    return call
+
 
 def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
     """The :class:`ChannelBackward` plan of BatchNormalization's training backward that
@@ -187,12 +236,13 @@ def channel_backward(engine, epsilon, dY, X, scale, data_format, out):
     order, S = found
     C = common.channel_count(X, data_format)
     run = engine.direct_channel_backward(C, S, X.size, X.dtype)
-    if run is None:  # above the serial size: the engine's call decides the path
+    serial = run is not None
+    if not serial:  # above the serial size: the engine's call decides the path
 
         def run(xs, dys, dxs, scale, mean, stats, is_var, epsilon):
             return engine.channel_backward(xs, dys, dxs, C, S, scale, mean, stats, is_var,
                                            epsilon)
-    return ChannelBackward(float(epsilon), order, C, scale.dtype, run)
+    return ChannelBackward(float(epsilon), order, C, scale.dtype, run, serial)
 
 
 def group_key(label, engine, num_groups, epsilon, data_format, dY, X, scale, mean, inv_std,
@@ -223,13 +273,14 @@ class GroupBackward(NamedTuple):
     C: int
     pdtype: object
     run: object  # (xs, dys, dxs, scale, epsilon, given) -> (dscale, dB) or None
+    serial: bool  # run is the direct step (it never hands the call back)
 
     def __call__(self, dY, X, scale, mean, inv_std, out):
         given = None
         if inv_std is not None:  # and mean: the key holds both shapes the checks passed
             if type(mean) is not np.ndarray or type(inv_std) is not np.ndarray:
                 return None
-            given = (mean.astype(np.float64).ravel(), inv_std.astype(np.float64).ravel())
+            given = _given(mean, inv_std)
         views = _gradient_views(X, dY, out, self.order, (scale,))
         if views is None:
             return None
@@ -238,6 +289,23 @@ class GroupBackward(NamedTuple):
         if sums is None:
             return None
         return dX, sums[0].astype(self.pdtype), sums[1].astype(self.pdtype)
+
+    def bind(self, dY, X, scale, mean, inv_std, out):
+        """As :meth:`ChannelBackward.bind` (the given statistics read at each call)."""
+        views = self.serial and _gradient_views(X, dY, out, self.order, (scale,))
+        if not views or not (inv_std is None or type(mean) is type(inv_std) is np.ndarray):
+            return None
+        dX, xs, dys, dxs = views
+        run, s, eps = self.run, scale.reshape(self.C), self.epsilon
+        if inv_std is None:
+            return _bound(run, (xs, dys, dxs, s, eps, None), dX, self.pdtype)
+        return _bound(lambda: run(xs, dys, dxs, s, eps, _given(mean, inv_std)), (), dX,
+                      self.pdtype)
+
+
+def _given(mean, inv_std):
+    """The given statistics as the one-call kernels take them: flat float64."""
+    return mean.astype(np.float64).ravel(), inv_std.astype(np.float64).ravel()
 
 
 def group_backward(engine, epsilon, dY, X, scale, group, data_format, out, mean=None,
@@ -256,12 +324,13 @@ def group_backward(engine, epsilon, dY, X, scale, group, data_format, out, mean=
         views, planes, S = N, C, 1
     run = engine.direct_group_backward(views, planes, S, group, C, X.size, X.dtype,
                                        inv_std is not None)
-    if run is None:  # above the serial size: the engine's call decides the path
+    serial = run is not None
+    if not serial:  # above the serial size: the engine's call decides the path
 
         def run(xs, dys, dxs, scale, epsilon, given):
             return engine.group_backward(xs, dys, dxs, views, planes, S, group, C, scale,
                                          epsilon, given)
-    return GroupBackward(float(epsilon), order, C, scale.dtype, run)
+    return GroupBackward(float(epsilon), order, C, scale.dtype, run, serial)
 
 
 def rows_key(label, engine, axis, epsilon, dY, X, scale, out):
@@ -287,23 +356,38 @@ class RowsBackward(NamedTuple):
     pdtype: object
     sum_to: object
 
+    serial: bool  # run is the direct step
+
     def __call__(self, dY, X, scale, out):
         views = _gradient_views(X, dY, out, None, (scale,))
         if views is None:
             return None
         dX, xs, dys, dxs = views
-        K, span = self.K, self.span
+        dgamma, dbeta = self._sums(*self.run(xs, dys, dxs, self._gamma(scale)))
+        return dX, dgamma.astype(self.pdtype), dbeta.astype(self.pdtype)
+
+    def bind(self, dY, X, scale, out):
+        """As :meth:`ChannelBackward.bind` (the scale read at each call)."""
+        views = self.serial and _gradient_views(X, dY, out, None, (scale,))
+        if not views:
+            return None
+        dX, xs, dys, dxs = views
+        run, gamma = self.run, self._gamma
+        return _bound(lambda: run(xs, dys, dxs, gamma(scale)), (), dX, self.pdtype, self._sums)
+
+    def _gamma(self, scale):
+        """The scale as the kernels take it: ``K`` float64 values, broadcast to the span."""
         if self.sum_to is None:  # the scale has the span's shape: its values in order
-            gamma = scale.astype(np.float64).reshape(K)
-        else:
-            gamma = np.ascontiguousarray(np.broadcast_to(scale.astype(np.float64), span)
-                                         ).reshape(K)
-        dgamma, dbeta = self.run(xs, dys, dxs, gamma)
+            return scale.astype(np.float64).reshape(self.K)
+        return np.ascontiguousarray(np.broadcast_to(scale.astype(np.float64), self.span)
+                                    ).reshape(self.K)
+
+    def _sums(self, dgamma, dbeta):
+        """The kernels' float64 sums over the span, summed to the scale's shape."""
         if self.sum_to is None:
-            return dX, dgamma.reshape(self.pshape).astype(self.pdtype), dbeta.reshape(
-                self.pshape).astype(self.pdtype)
-        return (dX, self.sum_to(dgamma.reshape(span), self.pshape).astype(self.pdtype),
-                self.sum_to(dbeta.reshape(span), self.pshape).astype(self.pdtype))
+            return dgamma.reshape(self.pshape), dbeta.reshape(self.pshape)
+        return (self.sum_to(dgamma.reshape(self.span), self.pshape),
+                self.sum_to(dbeta.reshape(self.span), self.pshape))
 
 
 def rows_backward(engine, centered, epsilon, dY, X, scale, M, K, span, out):
@@ -315,12 +399,13 @@ def rows_backward(engine, centered, epsilon, dY, X, scale, M, K, span, out):
             or not hasattr(engine, "direct_rows_backward")):
         return None
     run = engine.direct_rows_backward(M, K, centered, epsilon)
-    if run is None and M * K:  # above the serial size: the engine's call, its path per call
+    serial = run is not None
+    if not serial and M * K:  # above the serial size: the engine's call, its path per call
         def run(xs, dys, dxs, gamma):
             return engine.rows_backward(xs.reshape(M, K), dys.reshape(M, K), dxs.reshape(M, K),
                                         gamma, centered, epsilon)
     return RowsBackward(run, K, span, scale.shape, scale.dtype,
-                        None if scale.shape == tuple(span) else rows.sum_to)
+                        None if scale.shape == tuple(span) else rows.sum_to, serial)
 
 
 @contextlib.contextmanager
