@@ -1393,6 +1393,28 @@ MUTATIONS = [
                  ("normkernels/kernels/backward_sums.py", "S >= GRAD_MIN_PLANE or 2 * n_rows <= S",
                   "S >= GRAD_MIN_PLANE or n_rows <= S")],
              ["tests/test_backward.py", "-k", "every_route"]),
+    mutation("modulated/first-sample-tables", "AdaLN's one-launch kernel normalizes every "
+             "sample with the first sample's tables", [
+                 ("normkernels/kernels/modulated.py", "        sn, bn = s[n * K:(n + 1) * K], "
+                  "b[n * K:(n + 1) * K]", "        sn, bn = s[:K], b[:K]")],
+             ["tests/test_ada_layer_norm.py", "-k", "one_launch"]),
+    mutation("modulated/items-of-the-first-sample", "AdaLN's parallel items all cover the "
+             "first sample's rows", [
+                 ("normkernels/kernels/modulated.py", "        first = n * T + (item % "
+                  "per_sample) * rows_per_item", "        first = (item % per_sample) * "
+                  "rows_per_item")],
+             ["tests/test_ada_layer_norm.py", "-k", "one_launch"]),
+    mutation("modulated/backward-first-sample-gamma", "AdaLN's one-launch backward takes "
+             "the first sample's gamma for every sample", [
+                 ("normkernels/kernels/backward_dx.py", "        g = gamma[n * K:(n + 1) * K]",
+                  "        g = gamma[:K]")],
+             ["tests/test_ada_layer_norm.py", "-k", "one_launch_backward"]),
+    mutation("modulated/backward-items-of-all-rows", "AdaLN's backward items are the "
+             "whole batch's rows_backward items (a sample's sums then differ)", [
+                 ("normkernels/engine/numba_gated.py", "        items, rows_per_item = "
+                  "backward_dx.row_items(T, K)", "        items, rows_per_item = "
+                  "backward_dx.row_items(M, K)")],
+             ["tests/test_ada_layer_norm.py", "-k", "one_launch_backward"]),
     # bound training and backward calls (normkernels.bind through their plans)
     mutation("bind-plan/stale-scale", "a bound BatchNorm backward reads the scale converted "
              "at binding", [

@@ -109,6 +109,45 @@ def test_every_path_gives_the_same_bits(rng, path):
     assert_identical(got[1], want[1])
 
 
+@pytest.mark.parametrize("path", ["serial", "parallel", "streaming"])
+@pytest.mark.parametrize("N,T,C", [(16, 1, 64), (3, 17, 40), (2, 300, 96), (5, 7, 3)])
+@pytest.mark.parametrize("dtype", FLOATS, ids=FLOAT_IDS)
+def test_one_launch_gives_each_sample_its_row_normalization(rng, dtype, N, T, C, path):
+    """The one-launch kernel (kernels/modulated.py) gives each sample the bits the row
+    normalization gives it with its own tables (the engine's default, a call per
+    sample), on every path: one row a sample, the table-free few rows, many rows,
+    rows shorter than a vector."""
+    from normkernels.engine import Engine
+
+    X = (rng.standard_normal((N * T, C)) * 3 + 1).astype(dtype)
+    s = 1 + rng.standard_normal((N, C)) * 0.5
+    b = rng.standard_normal((N, C))
+    got, want = np.empty_like(X), np.empty_like(X)
+    ENGINE.modulated_rows(X, got, T, s, b, EPS, path)
+    Engine.modulated_rows(ENGINE, X, want, T, s, b, EPS, path)
+    assert_identical(got, want)
+
+
+@pytest.mark.parametrize("path", ["serial", "parallel"])
+@pytest.mark.parametrize("N,T,C", [(16, 1, 64), (3, 17, 40), (2, 300, 96), (3, 700, 33)])
+@pytest.mark.parametrize("dtype", [F32, np.float64])
+def test_one_launch_backward_gives_each_sample_its_row_backward(rng, dtype, N, T, C, path):
+    """The one-launch backward (``backward_dx.modulated_rows_backward``) gives each
+    sample the dX and parameter sums the row backward gives it alone (the engine's
+    default, a call per sample), with several work items a sample too."""
+    from normkernels.engine import Engine
+
+    X = (rng.standard_normal((N * T, C)) * 3 + 1).astype(dtype)
+    dY = rng.standard_normal((N * T, C)).astype(dtype)
+    gamma = 1 + rng.standard_normal((N, C)) * 0.5
+    got, want = np.empty_like(X), np.empty_like(X)
+    sums = ENGINE.modulated_rows_backward(X, dY, got, T, gamma, EPS, path)
+    expected_sums = Engine.modulated_rows_backward(ENGINE, X, dY, want, T, gamma, EPS, path)
+    assert_identical(got, want)
+    for a, b in zip(sums, expected_sums, strict=True):
+        assert_identical(a, b)
+
+
 def test_out_and_in_place(rng):
     X, shift, scale = modulated(rng, (2, 5, 32), F32)
     want = nk.ada_layer_norm(X, shift, scale)

@@ -75,6 +75,7 @@ from normkernels.kernels import inference as inference_kernels
 from normkernels.kernels import instance as instance_kernels
 from normkernels.kernels import lp as lp_kernels
 from normkernels.kernels import lrn as lrn_kernels
+from normkernels.kernels import modulated as modulated_kernels
 from normkernels.kernels import qk_norm as qk_kernels
 from normkernels.kernels import rows as rows_kernels
 from normkernels.kernels import scale_shift as scale_shift_kernels
@@ -109,7 +110,8 @@ KERNEL_MODULES = {"loops": scale_shift_kernels, "reductions": statistics_kernels
                   "fused_add": fused_add, "gated_kernels": gated_kernels,
                   "qk_kernels": qk_kernels, "quantize": quantize,
                   "activation_grad": activation_grad, "skip_kernels": skip_kernels,
-                  "epilogue_grad": epilogue_grad, "small": small_kernels}
+                  "epilogue_grad": epilogue_grad, "small": small_kernels,
+                  "modulated": modulated_kernels}
 
 
 def fused_steps(name, args):
@@ -398,7 +400,7 @@ CASES.update({
 # (act-grad, relu-grad: short planes in many rows, the rows loops)
 EPILOGUE_SHAPES = {"act-grad": (13, 4, 3, 3), "relu-grad": (13, 4, 3, 3),
                    "relu-planes-grad": (2, 3, 17, 19), "act-eval": (3, 4, 9, 11),
-                   "relu-eval": (3, 4, 9, 11), "ada-grad": (3, 7, 40)}
+                   "relu-eval": (3, 4, 9, 11), "ada-grad": (3, 7, 40), "ada": (3, 7, 40)}
 
 
 def epilogue_routes(op, path):
@@ -408,7 +410,8 @@ def epilogue_routes(op, path):
             "relu-planes-grad": [f"epilogue_sums/planes/{one}",
                                  f"epilogue_apply/planes/{path}"],
             "act-eval": [f"activation_grad/{one}"], "relu-eval": [f"relu_mask/{one}"],
-            "ada-grad": [f"gated_backward/{one}"]}[op]
+            "ada-grad": [f"gated_backward/{one}", f"rows_backward/modulated/{one}"],
+            "ada": [f"rows/modulated/{path}"]}[op]
 
 
 EPILOGUE_OPS = tuple(EPILOGUE_SHAPES)
@@ -467,7 +470,7 @@ def data(rng, case, dtype):
         return row_data(rng, case, dtype)
     if case.op in LLM_OPS:
         return llm_data(rng, case, dtype)
-    if case.op == "ada-grad":
+    if case.op in ("ada", "ada-grad"):
         return ada_data(rng, case, dtype)
     shape = to_layout(case.ncx_shape, case.data_format)
     N = shape[0]
@@ -527,6 +530,10 @@ def ada_data(rng, case, dtype):
 def run_epilogue(case, X, params, dtype, engine):
     """An epilogue gradient's operator (dY: X's reversal along the samples)."""
     kw = dict(engine=engine, path=case.path)
+    if case.op == "ada":  # the forward with the gated residual: (Y, S)
+        shift, scale, R, gate, _ = p = [v.astype(dtype) for v in params]
+        return ada_spec.ada_layer_norm(X, shift, scale, epsilon=EPILOGUE_EPS, residual=R,
+                                       gate=gate, **kw), p
     if case.op == "ada-grad":  # shift, scale, residual, gate, dS
         p = [v.astype(dtype) for v in params]
         shift, scale, R, gate, dS = p
@@ -547,6 +554,17 @@ def check_epilogue_with_oracle(case, X, params, result):
     the sum of ``dR X`` over a sample's rows), dLN the row backward of S with ``1 +
     scale``; dLN within :func:`backward_tolerance` in the compute dtype, one rounding
     for the add in it, one to each output's dtype."""
+    if case.op == "ada":  # Y: the row normalization of S as returned, per-sample tables
+        shift, scale, R, gate, _ = params
+        Y, S = result
+        N, T, C = X.shape
+        exact_s = R.astype(F64) + gate.astype(F64)[:, None, :] * X.astype(F64)
+        assert_close(S, exact_s, 0.5 * ulp(exact_s, X.dtype) + 2.0**-24 * np.abs(exact_s), "S")
+        s = 1 + scale.astype(F64)[:, None, :]
+        exact, mean, var = row_norm(S, s, shift.astype(F64)[:, None, :], EPILOGUE_EPS)
+        assert_close(Y, exact, row_tolerance(S, s, shift.astype(F64)[:, None, :], mean, var,
+                                             EPILOGUE_EPS, X.dtype), "Y")
+        return
     if case.op != "ada-grad":
         scale, B, mean, var = params
         fmt = case.data_format
@@ -1122,6 +1140,12 @@ class KernelStatisticsTwin:
     def rows_backward(self, x, dy, dx, gamma, centered, epsilon, stats=None, path=None):
         # the kernels' (AdaLN's dLN): the gated residual's backward after it is the twin's
         return ENGINE.rows_backward(x, dy, dx, gamma, centered, epsilon, stats, path)
+
+    def modulated_rows_backward(self, x, dy, dx, T, gamma, epsilon, path=None):
+        return ENGINE.modulated_rows_backward(x, dy, dx, T, gamma, epsilon, path)
+
+    # AdaLN's forward: a sample at a time through normalize_rows above
+    modulated_rows = Engine.modulated_rows
 
     def quantized_rows(self, x, w, b, res, q, scales, epsilon, centered, offset, fp8, static,
                        group, scale_ub, floor, path=None):

@@ -268,6 +268,28 @@ class Engine:
         not centred)."""
         raise NotImplementedError
 
+    def modulated_rows(self, x, y, T, scale, B, epsilon, path=None):
+        """AdaLN's rows: C-contiguous ``M x K`` ``x`` in samples of ``T`` rows, each
+        sample normalized (centred) into ``y`` with its own columns, row ``n`` of the
+        float64 ``(N, K)`` tables ``scale`` and ``B``: the bits :meth:`normalize_rows`
+        gives each sample (this default: a call per sample)."""
+        for n in range(x.shape[0] // T):
+            rows = slice(n * T, (n + 1) * T)
+            self.normalize_rows(x[rows], y[rows], scale[n], B[n], epsilon, True, path=path)
+
+    def modulated_rows_backward(self, x, dy, dx, T, gamma, epsilon, path=None):
+        """:meth:`rows_backward` (centred, statistics recomputed) of AdaLN's samples of
+        ``T`` rows, each with its row of the float64 ``(N, K)`` ``gamma``: writes ``dx``,
+        returns float64 ``(N, K)`` ``(sum dY * x_hat, sum dY)`` per sample, the bits
+        :meth:`rows_backward` gives each sample (this default: a call per sample)."""
+        N = x.shape[0] // T
+        dgamma, dbeta = np.empty((N, x.shape[1])), np.empty((N, x.shape[1]))
+        for n in range(N):
+            rows = slice(n * T, (n + 1) * T)
+            dgamma[n], dbeta[n] = self.rows_backward(x[rows], dy[rows], dx[rows], gamma[n],
+                                                     True, epsilon, None, path)
+        return dgamma, dbeta
+
     def rows_from_statistics(self, x, y, scale, B, epsilon, centered, mean, var, path=None):
         """The normalize pass of :meth:`normalize_rows` from given float64 per-row
         ``mean`` and ``var`` (merged partial moments of a chunked row, say): the same

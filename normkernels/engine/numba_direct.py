@@ -190,10 +190,7 @@ class DirectSteps:
         statistics recomputed, on the serial path."""
         if not _serial(M * K):
             return None
-        # the work items of rows_backward (by the shape alone)
-        items = max(1, min(M, backward_dx.ROW_ITEMS, M * K // backward_dx.ROW_ITEM_ELEMENTS))
-        rows_per_item = -(-M // items)
-        items = -(-M // rows_per_item)
+        items, rows_per_item = backward_dx.row_items(M, K)  # rows_backward's work items
         kernel, stats, eps = backward_dx.rows_backward_serial, np.empty((0, 2)), float(epsilon)
 
         def run(xs, dys, dxs, gamma):

@@ -414,11 +414,7 @@ class NumbaEngine(BoundCalls, DirectSteps, EpilogueGradientLoops, GatedLoops, Qu
         xs, dys = _views(x, dy)
         dxs = storage_view(dx.ravel())
         gamma = storage_view(gamma)  # writeable: one type whether or not the caller's is
-        # work items by the shape alone (the same bits for any thread count): few for
-        # a small call, whose column partials would otherwise outweigh its rows
-        items = max(1, min(M, backward_dx.ROW_ITEMS, M * K // backward_dx.ROW_ITEM_ELEMENTS))
-        rows_per_item = -(-M // items)
-        items = -(-M // rows_per_item)
+        items, rows_per_item = backward_dx.row_items(M, K)
         part_g, part_b = np.empty((items, K)), np.empty((items, K))
         path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
         took("rows_backward", path)

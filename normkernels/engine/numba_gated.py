@@ -1,10 +1,11 @@
-"""The Numba engine's loops of the gated RMSNorm and of QK-norm (a mixin of
+"""The Numba engine's loops of the gated RMSNorm, QK-norm and AdaLN's rows (a mixin of
 :class:`normkernels.engine.numba_engine.NumbaEngine`).
 
 Arrays arrive from the spec layer as 2-D ``M x K`` views whose rows are contiguous
 (any row stride); they reach the kernels as flat storage arrays with row strides
 (:func:`normkernels.engine.numba_launch.flat_rows`). Routes (``policy.took``):
-``gated_rms/<path>``, ``gated_rms_backward/<path>``, ``qk_norm/<path>``, path serial
+``gated_rms/<path>``, ``gated_rms_backward/<path>``, ``qk_norm/<path>``,
+``rows/modulated/<path>``, path serial
 or parallel (:func:`normkernels.engine.policy.loop_path`: streaming runs the parallel
 kernel).
 """
@@ -17,9 +18,12 @@ from normkernels.engine.lazy import lazy
 from normkernels.engine.numba_launch import flat_rows, kernel_for
 from normkernels.engine.policy import took
 from normkernels.engine.threads import launch_guard
+from normkernels.kernels.activations import NONE
 
 # kernel modules: imported at first use (engine/lazy.py)
 gated_kernels = lazy(__name__, "gated_kernels", "gated")
+modulated = lazy(__name__, "modulated")
+backward_dx = lazy(__name__, "backward_dx")
 qk_kernels = lazy(__name__, "qk_kernels", "qk_norm")
 
 
@@ -50,6 +54,39 @@ def merge_partials(parts):
 
 
 class GatedLoops:
+    def modulated_rows_backward(self, x, dy, dx, T, gamma, epsilon, path=None):
+        """One launch for every sample (``backward_dx.modulated_rows_backward``)."""
+        M, K = x.shape
+        N = M // T
+        items, rows_per_item = backward_dx.row_items(T, K)  # a sample's, as it alone
+        part_g, part_b = np.empty((N * items, K)), np.empty((N * items, K))
+        xs, dys, dxs = (storage_view(v.ravel()) for v in (x, dy, dx))
+        path = "serial" if policy.resolve_path(dxs, path) == "serial" else "parallel"
+        took("rows_backward", "modulated", path)
+        with launch_guard(path):
+            kernel_for(backward_dx.modulated_rows_backward,
+                       backward_dx.modulated_rows_backward_serial, path)(
+                xs, dys, dxs, K, T, np.ascontiguousarray(gamma, np.float64).ravel(),
+                float(epsilon), rows_per_item, part_g, part_b)
+        return (part_g.reshape(N, items, K).sum(axis=1),
+                part_b.reshape(N, items, K).sum(axis=1))
+
+    def modulated_rows(self, x, y, T, scale, B, epsilon, path=None):
+        """One launch for every sample (:mod:`normkernels.kernels.modulated`)."""
+        M, K = x.shape
+        xs, ys = storage_view(x.ravel()), storage_view(y.ravel())
+        mean, var = np.empty(M), np.empty(M)
+        s, b = (np.ascontiguousarray(t, np.float64).ravel() for t in (scale, B))
+        path = policy.resolve_path(ys, path)
+        took("rows", "modulated", path)
+        if path == "serial":
+            modulated.modulated_rows_serial(xs, ys, K, T, s, b, float(epsilon), mean, var, NONE)
+            return
+        with launch_guard(path):
+            modulated.modulated_rows_parallel(xs, ys, K, T, s, b, float(epsilon), mean, var,
+                                              policy.rows_per_item(M, K), path == "streaming",
+                                              NONE)
+
     def gated_rms(self, x, z, y, weight, bias, G, epsilon, before, path=None):
         """``y`` (``M x K``) from ``x`` and the gate ``z``; returns the float64 mean
         square of each group (``M * K / G``, row-major)."""

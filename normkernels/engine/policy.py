@@ -45,6 +45,9 @@ ROUTES = (
     "grad_apply/planes/streaming", "grad_apply/rows/serial", "grad_apply/rows/parallel",
     "grad_apply/rows/streaming",
     "rows_backward/serial", "rows_backward/parallel",
+    # AdaLN's rows, every sample in one launch (numba_gated.py)
+    "rows/modulated/serial", "rows/modulated/parallel", "rows/modulated/streaming",
+    "rows_backward/modulated/serial", "rows_backward/modulated/parallel",
     # issue 32's kernels: no streaming loop (the streaming path runs the parallel one)
     "gated_rms/serial", "gated_rms/parallel", "gated_rms_backward/serial",
     "gated_rms_backward/parallel", "qk_norm/serial", "qk_norm/parallel",

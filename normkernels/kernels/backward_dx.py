@@ -294,6 +294,38 @@ def rows_backward(x, dy, dx, K, gamma, centered, epsilon, stats, rows_per_item, 
                           epsilon, given, mean, r, pg, pb)
 
 
+def row_items(M, K):
+    """``(items, rows_per_item)`` of :func:`rows_backward` over ``M`` rows of ``K``, by
+    the shape alone (the same bits for any thread count): few for a small call, whose
+    column partials would otherwise outweigh its rows."""
+    items = max(1, min(M, ROW_ITEMS, M * K // ROW_ITEM_ELEMENTS))
+    rows_per_item = -(-M // items)
+    return -(-M // rows_per_item), rows_per_item
+
+
+@njit(parallel=True, **KERNEL_OPTIONS)
+def modulated_rows_backward(x, dy, dx, K, T, gamma, epsilon, rows_per_item, part_dgamma,
+                            part_dbeta):
+    """:func:`rows_backward` (centred, statistics recomputed) of AdaLN's samples of
+    ``T`` rows, sample ``n`` with its ``K`` values of the ``N * K`` float64 ``gamma``, in
+    one launch: items of ``rows_per_item`` rows of one sample, as :func:`row_items` of
+    the sample alone makes them, so a sample's partials (merged afterwards in item
+    order) are the bits :func:`rows_backward` gives it alone."""
+    per_sample = (T + rows_per_item - 1) // rows_per_item
+    for t in prange(part_dgamma.shape[0]):
+        n = t // per_sample
+        first = n * T + (t % per_sample) * rows_per_item
+        pg, pb = part_dgamma[t], part_dbeta[t]
+        for j in range(K):
+            pg[j] = 0.0
+            pb[j] = 0.0
+        g = gamma[n * K:(n + 1) * K]
+        for row in range(first, min((n + 1) * T, first + rows_per_item)):
+            lo = row * K
+            _row_backward(x[lo:lo + K], dy[lo:lo + K], dx[lo:lo + K], g, True, epsilon, False,
+                          0.0, 0.0, pg, pb)
+
+
 @njit(**KERNEL_OPTIONS)
 def group_coefficients(gamma, gmean, r, sum_dy, sum_dyx, Cg, M, residual, m, a, b, k, terms):
     """The group backward's coefficients of ``dX = dY * A + (x - m) * B + K`` per plane
@@ -331,3 +363,4 @@ def group_coefficients(gamma, gmean, r, sum_dy, sum_dyx, Cg, M, residual, m, a, 
 
 
 rows_backward_serial = serial_twin(rows_backward, **KERNEL_OPTIONS)
+modulated_rows_backward_serial = serial_twin(modulated_rows_backward, **KERNEL_OPTIONS)

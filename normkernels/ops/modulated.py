@@ -96,11 +96,10 @@ def ada_layer_norm(X, shift, scale, *, epsilon=EPSILON, residual=None, gate=None
         src = S
     Y = out if out is not None and out.flags.c_contiguous else np.empty(X.shape, X.dtype)
     if X.size:
-        x2, y2 = src.reshape(N, T, C), Y.reshape(N, T, C)
         s_all = 1.0 + tables["scale"]
         b_all = np.where(tables["shift"] == 0, -0.0, tables["shift"])  # adds nothing
-        for n in range(N):  # the row kernels take one table per column: a call per sample
-            engine.normalize_rows(x2[n], y2[n], s_all[n], b_all[n], eps, True, path=path)
+        engine.modulated_rows(src.reshape(N * T, C), Y.reshape(N * T, C), T, s_all, b_all, eps,
+                              path)
     if out is not None and Y is not out:
         np.copyto(out, Y)
         Y = out
@@ -208,11 +207,9 @@ def ada_layer_norm_backward(dY, X, shift, scale, *, epsilon=EPSILON, residual=No
     dy = np.ascontiguousarray(dY, dtype=cd).reshape(N, T, C)
     target = out if (residual is None and out is not None and out.flags.c_contiguous) else None
     dln = (np.empty((N, T, C), cd) if target is None else target.reshape(N, T, C))
-    dscale, dshift = np.empty((N, C)), np.empty((N, C))
-    gamma = 1.0 + tables["scale"]
-    for n in range(N):  # one table per sample, as the forward
-        dscale[n], dshift[n] = engine.rows_backward(src[n], dy[n], dln[n], gamma[n], True, eps,
-                                                    None, path)
+    dscale, dshift = engine.modulated_rows_backward(
+        src.reshape(N * T, C), dy.reshape(N * T, C), dln.reshape(N * T, C), T,
+        1.0 + tables["scale"], eps, path)
     grads = (round_once(dshift, params["shift"].dtype), round_once(dscale, params["scale"].dtype))
     if residual is None:
         if out is None:
