@@ -1415,6 +1415,11 @@ MUTATIONS = [
                   "backward_dx.row_items(T, K)", "        items, rows_per_item = "
                   "backward_dx.row_items(M, K)")],
              ["tests/test_ada_layer_norm.py", "-k", "one_launch_backward"]),
+    mutation("one-call/ada-group-channel-scale", "AdaGroupNorm's one-call backward reads "
+             "the scale per channel (sample 0's for every sample)", [
+                 ("normkernels/ops/backward.py", "x, dy, dx, len(views), planes, per, Cg, "
+                  "planes if per_sample else C,", "x, dy, dx, len(views), planes, per, Cg, C,")],
+             ["tests/test_epilogue_backward.py", "-k", "ada_group"]),
     # bound training and backward calls (normkernels.bind through their plans)
     mutation("bind-plan/stale-scale", "a bound BatchNorm backward reads the scale converted "
              "at binding", [

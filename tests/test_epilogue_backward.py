@@ -409,6 +409,32 @@ def test_ada_group_norm_backward(rng, shape, G, dtype, fmt):
     assert_identical(zero[0], plain[0])
 
 
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("dtype", [F32, F64, BF16], ids=["float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("shape,G", [((2, 6, 5, 7), 3), ((2, 64, 40, 40), 8)])
+def test_ada_group_norm_backward_in_one_call_gives_the_steps_bits(rng, shape, G, dtype, given):
+    """Channels-first AdaGroupNorm's backward runs the one-call group backward (its N *
+    C planes each a channel of its own): the bits of the steps the streaming path runs,
+    serial and parallel, with the statistics recomputed or given."""
+    from normkernels.engine.numba_engine import ENGINE
+
+    N, C = shape[:2]
+    X = (rng.standard_normal(shape) * 2 + 1).astype(dtype)
+    dY = rng.standard_normal(shape).astype(dtype)
+    shift, scale = (rng.standard_normal((N, C)) * 0.5).astype(F32), (
+        rng.standard_normal((N, C)) * 0.5).astype(F32)
+    stats = {}
+    if given:
+        stats = {"mean": rng.normal(1, 0.1, (N, G)), "inv_std": rng.uniform(0.4, 0.6, (N, G))}
+    want = ada_spec.ada_group_norm_backward(dY, X, shift, scale, num_groups=G, engine=ENGINE,
+                                            path="streaming", **stats)
+    for path in ("serial", "parallel"):
+        got = ada_spec.ada_group_norm_backward(dY, X, shift, scale, num_groups=G, engine=ENGINE,
+                                               path=path, **stats)
+        for a, b in zip(got, want, strict=True):
+            assert_identical(a, b)
+
+
 def _ada_ln_torch(t, X, shift, scale, residual=None, gate=None, dY=None, dS=None):
     leaves = {k: t.tensor(v.astype(F64), requires_grad=True) for k, v in
               dict(X=X, shift=shift, scale=scale, residual=residual, gate=gate).items()

@@ -303,11 +303,13 @@ def group_backward(label, dY, X, scale, num_groups, epsilon, mean, inv_std, data
     partials = []  # per_sample: each view's (dscale, dB) per (n, c)
     M = Cg * spatial
     fused = None
-    if ep is None and not per_sample:  # the loop below in one call, where the engine can
-        fused = engine.group_backward(x, dy, dx, len(views), planes, per, Cg, C,
-                                      params["scale"], eps, given, path)
+    if ep is None and (len(views) == 1 or not per_sample):  # the loop below in one call
+        fused = engine.group_backward(  # per_sample: N * C planes, each its own channel
+            x, dy, dx, len(views), planes, per, Cg, planes if per_sample else C,
+            scale64 if per_sample else params["scale"], eps, given, path)
         if fused is not None:
             dscale, dB = fused
+            partials = [(dscale.reshape(-1, C), dB.reshape(-1, C))]
     for i, (xv, dyv, dxv, epv, dresv) in enumerate(views if fused is None else ()):
         if per_sample:
             gamma = gammas[i]
