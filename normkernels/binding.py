@@ -157,9 +157,23 @@ def bind(function, *args, **kwargs):
     fast = _bound_kernel(function, args, kwargs)
     if fast is not None:
         return fast
-    function(*args, **kwargs)  # the checks (and a first result), raising as the call does
-    planned = _bound_plan(function, args, kwargs)
+    result = function(*args, **kwargs)  # the checks (and a first result), raising as the
+    # call does; a call that writes its inputs (out=X, an in-place operator) runs once
+    planned = None if _writes_inputs(result, args, kwargs) else _bound_plan(function, args,
+                                                                            kwargs)
     return planned or (lambda: function(*args, **kwargs))
+
+
+def _writes_inputs(result, args, kwargs):
+    """Whether the call wrote an input array: it returned nothing (an in-place operator)
+    or an output that may share memory with an input (``out`` itself aside)."""
+    if result is None:
+        return True
+    outputs = [r for r in (result if isinstance(result, tuple) else (result,))
+               if isinstance(r, np.ndarray)]
+    inputs = [a for a in (*args, *(v for k, v in kwargs.items() if k != "out"))
+              if isinstance(a, np.ndarray)]
+    return any(np.may_share_memory(r, a) for r in outputs for a in inputs)
 
 
 def _bound_plan(function, args, kwargs):

@@ -1453,6 +1453,11 @@ MUTATIONS = [
                   "diff_dst, src, self.ones if gamma is None else gamma,",
                   "        grads = plans.serve(self.key, diff_dst, src, self.ones,")],
              ["tests/test_plans.py", "-k", "training_and_backward and onednn"]),
+    mutation("bind-plan/in-place-call-run-twice", "binding runs a call that writes its "
+             "inputs (out=X) a second time", [
+                 (BINDING, "    planned = None if _writes_inputs(result, args, kwargs) else",
+                  "    planned = None if False else")],
+             ["tests/test_bind.py", "-k", "writes_its_inputs"]),
     mutation("bind-plan/whole-result-for-part", "a bound RMSNorm backward returns its plan's "
              "three outputs (the operator returns two)", [
                  (BINDING, "        return lambda r: r[:n]", "        return lambda r: r")],

@@ -369,3 +369,22 @@ def test_training_and_backward_calls_bind_their_plan(rng, monkeypatch, case, out
     else:  # the bound dX read-only: a plain call's new one
         got = call()
         assert (got[0] if isinstance(got, tuple) else got) is not first
+
+
+@pytest.mark.parametrize("case", ["training, out is X", "backward, out is dY"])
+def test_binding_a_call_that_writes_its_inputs_runs_it_once(rng, case):
+    """Binding runs the call once to check it; a call that writes an input (``out`` an
+    input) must not run twice at binding: the caller's arrays hold one call's result."""
+    X = rng.normal(3, 2, (2, 4, 3, 5)).astype(np.float32)
+    dY = rng.normal(size=X.shape).astype(np.float32)
+    scale, B = rng.uniform(0.5, 2, 4).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    mean, var = rng.normal(size=4).astype(np.float32), rng.uniform(0.5, 2, 4).astype(np.float32)
+    if case.startswith("training"):
+        fn, args, kwargs, written = (nk.batch_normalization, (X, scale, B, mean, var),
+                                     {"training_mode": 1, "out": X}, X)
+    else:
+        fn, args, kwargs, written = (nk.group_normalization_backward, (dY, X, scale),
+                                     {"num_groups": 2, "out": dY}, dY)
+    want = fn(*[a.copy() for a in args], **{**kwargs, "out": None})
+    nk.bind(fn, *args, **kwargs)
+    assert_identical(written, want[0])
