@@ -38,7 +38,7 @@ def test_concurrent_saves_keep_every_entry_with_its_own_data(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", _SAVER.format(root=root, n=n, who=who)],
                               stderr=subprocess.PIPE, text=True) for who in ("a", "b")]
     for proc in procs:
-        _, err = proc.communicate(timeout=300)
+        _, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, err
     from numba.core.caching import IndexDataCacheFile
 

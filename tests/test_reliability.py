@@ -33,7 +33,7 @@ EPS = 1e-5
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_python(code, timeout=240, **env):
+def run_python(code, timeout=900, **env):
     """Run ``code`` in a fresh interpreter; returns the completed process."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT,
@@ -126,7 +126,7 @@ def test_concurrent_calls_match_sequential_ones():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=300)
+        t.join(timeout=900)
     assert not any(t.is_alive() for t in threads), "a thread hung"
     assert failures == []
 
@@ -149,7 +149,7 @@ def test_concurrent_calls_with_an_out_per_thread():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=300)
+        t.join(timeout=900)
     assert not bad and not any(t.is_alive() for t in threads)
 
 
@@ -203,7 +203,7 @@ CHILD = """
         q = ctx.Queue()
         proc = ctx.Process(target=child, args=(q,))
         proc.start()
-        got = q.get(timeout=200)
+        got = q.get(timeout=600)
         proc.join(30)
         assert proc.exitcode == 0, proc.exitcode
         assert len(got) == len(parent)
@@ -221,7 +221,7 @@ def test_child_processes_can_call_every_operator(tmp_path, method):
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(CHILD))
     done = subprocess.run([sys.executable, str(script), method], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT,
+                          text=True, timeout=900, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
@@ -272,7 +272,7 @@ def test_every_threading_layer_gives_the_same_bits(tmp_path, layer, threads):
     out = tmp_path / f"{layer}-{threads}.npz"
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LAYER_CHECK).replace("{out}", str(out))],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": ROOT, "NUMBA_THREADING_LAYER": layer,
              "NUMBA_NUM_THREADS": str(threads)})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -458,7 +458,7 @@ def test_unwritable_cache_directory(tmp_path):
     try:
         done = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(UNWRITABLE_CACHE_CALL)],
-            capture_output=True, text=True, timeout=240, cwd=ROOT,
+            capture_output=True, text=True, timeout=900, cwd=ROOT,
             env={**os.environ, "PYTHONPATH": ROOT, "NUMBA_CACHE_DIR": str(cache)},
             preexec_fn=_drop_dac_capabilities())
     finally:
