@@ -101,7 +101,8 @@ def calls(ops=None, dtypes=None, layouts=None):
 # the backward functions whose kernels run in one call (Engine.channel_backward,
 # group_backward), each route a compiled function of its own
 _ONE_CALL_BACKWARD = ("batch_normalization_backward", "batch_norm_training_backward",
-                      "instance_normalization_backward", "group_normalization_backward")
+                      "instance_normalization_backward", "group_normalization_backward",
+                      "ada_group_norm_backward")
 
 
 def _warm_backward(dtype):
@@ -129,7 +130,8 @@ def _run(op, mode, dtype, layout, ncx_shape, path=None):
 
 
 # the backward functions that take the forward's statistics (mean, inv_std per (n, group))
-_STATISTICS_BACKWARD = ("instance_normalization_backward", "group_normalization_backward")
+_STATISTICS_BACKWARD = ("instance_normalization_backward", "group_normalization_backward",
+                        "ada_group_norm_backward")
 
 
 def _with_statistics(op, mode, X, params, layout, path):
@@ -138,14 +140,17 @@ def _with_statistics(op, mode, X, params, layout, path):
     steps that run them)."""
     if mode != "backward" or op.backward not in _STATISTICS_BACKWARD:
         return
-    from normkernels.engine.numba_engine import ENGINE
-    from normkernels.ops import backward
+    import importlib
 
+    from normkernels.engine.numba_engine import ENGINE
+
+    function, spec = op.target(mode)
     C = op.channel_count(X, layout)
     kwargs = op.kwargs(mode, layout, C)
     lead = (X.shape[0], kwargs.get("num_groups", C))
-    getattr(backward, op.backward)(*op.arguments(X, params, mode), mean=np.zeros(lead),
-                                   inv_std=np.ones(lead), engine=ENGINE, path=path, **kwargs)
+    run = getattr(importlib.import_module(f"normkernels.ops.{spec}"), function)
+    run(*op.arguments(X, params, mode), mean=np.zeros(lead), inv_std=np.ones(lead),
+        engine=ENGINE, path=path, **kwargs)
 
 
 def _workload(rng, op, mode, dtype, layout, ncx_shape):
