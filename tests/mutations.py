@@ -1344,6 +1344,12 @@ MUTATIONS = [
                  (GRADIENTS, "                for recomputed in (True, False):",
                   "                for recomputed in (True,):")],
              ["tests/test_compiles.py", "-k", "warm_backward_covers"]),
+    mutation("warm/ada-group-backward-not-warmed", "the warm-up of AdaGroupNorm leaves "
+             "out the one-call group backward kernels (a server compiles them later)", [
+                 ("normkernels/warm.py", '"group_normalization_backward",\n'
+                  '                      "ada_group_norm_backward")',
+                  '"group_normalization_backward")')],
+             ["tests/test_compiles.py", "-k", "after_warmup and ada-groupnorm"]),
     mutation("plans/group-rows-of-planes", "the group backward plan counts the rows of "
              "a view as its planes' elements (the sums' route of the full path differs)", [
                  (DIRECT, "        n_rows = size // views // (planes * S)",
